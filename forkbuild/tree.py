@@ -1,0 +1,47 @@
+"""Source trees of upstream + series, for checking the series and for editing patches."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from .build import patched_members, read_upstream
+from .config import REPO, load_pin, running_python_tag
+from .errors import BuildError, log
+from .overlay import check_shadow, list_overlay
+from .patches import load_series, read_series
+from .upstream import fetch_wheel
+
+
+def pinned_upstream():
+    pin = load_pin()
+    name = pin.wheel_for(running_python_tag())
+    wheel, _ = fetch_wheel(name, pin.package, pin.index, pin.wheels[name])
+    return read_upstream(wheel)
+
+
+def check() -> None:
+    patches = load_series(REPO / "patches")
+    members = pinned_upstream()
+    patched_members(members, patches)
+    check_shadow(list_overlay(REPO / "python"), members)
+    log(f"series of {len(patches)} patch(es) applies strictly; overlay shadows nothing upstream")
+
+
+def write_tree(out: Path, upto: str | None = None) -> None:
+    """out/python/sglang/... = upstream's package with the series (up to `upto`) applied."""
+    names = read_series(REPO / "patches")
+    if upto is not None:
+        if upto not in names:
+            raise BuildError(f"--upto {upto}: not in patches/series")
+        names = names[: names.index(upto) + 1]
+    patches = [p for p in load_series(REPO / "patches") if p.name in names]
+    if out.exists() and any(out.iterdir()):
+        raise BuildError(f"{out}: exists and is not empty")
+    members = pinned_upstream()
+    for name, text in patched_members(members, patches).items():
+        members[name].data = text.encode()
+    for name, m in members.items():
+        if name.startswith("sglang/"):
+            dest = out / "python" / name
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            dest.write_bytes(m.data)
+    log(f"wrote {out}/python/sglang with {len(patches)} patch(es) applied")

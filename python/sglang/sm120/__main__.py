@@ -1,0 +1,20 @@
+"""python -m sglang.sm120 info"""
+import argparse
+import json
+import sys
+
+from sglang.sm120.build_info import build_info
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m sglang.sm120", description="sglang-sm120 fork tools")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("info", help="print the upstream base, applied series and built kernels as JSON")
+    ap.parse_args(argv)
+    info = build_info()
+    print(json.dumps(info, indent=2))
+    return 0 if info.get("version") else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
