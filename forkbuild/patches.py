@@ -50,6 +50,7 @@ class Patch:
     preamble: str  # everything before the first "diff --git", kept verbatim on refresh
     fields: dict[str, str]
     files: list[FileDiff] = field(default_factory=list)
+    raw_body: str = ""  # the diff text after the preamble, verbatim
 
     @property
     def subject(self) -> str:
@@ -102,7 +103,7 @@ def parse_patch(name: str, text: str) -> Patch:
     if start < 0:
         raise BuildError(f"malformed patch {name}: no 'diff --git' section")
     preamble, body = text[: start + 1], text[start + 1 :]
-    patch = Patch(name, preamble, _parse_fields(name, preamble))
+    patch = Patch(name, preamble, _parse_fields(name, preamble), raw_body=body)
     lines = body.splitlines(keepends=True)
     i = 0
 

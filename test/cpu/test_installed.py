@@ -1,0 +1,83 @@
+"""The installed fork wheel behaves as upstream sglang plus the fork's identity and flags.
+
+Runs against the `sglang` installed in this interpreter. CI installs the fork wheel and sets
+SGLANG_SM120_REQUIRE_INSTALLED=1, so there these tests cannot be skipped.
+"""
+import importlib.metadata as md
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from buildenv import REPO, load_pin
+from forkbuild.patches import read_series
+
+try:
+    INSTALLED = md.version("sglang")
+except md.PackageNotFoundError:
+    INSTALLED = None
+
+if INSTALLED is None and os.environ.get("SGLANG_SM120_REQUIRE_INSTALLED") != "1":
+    pytest.skip("no sglang installed in this interpreter", allow_module_level=True)
+
+
+def py(*args, timeout=300):
+    return subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=timeout, cwd="/")
+
+
+def test_installed_distribution_is_the_fork():
+    assert INSTALLED == load_pin().fork_version
+    proc = py("-c", "import sglang; print(sglang.__version__)")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip().splitlines()[-1] == load_pin().fork_version
+
+
+def test_info_reports_base_series_and_kernels():
+    proc = py("-m", "sglang.sm120", "info")
+    assert proc.returncode == 0, proc.stderr
+    info = json.loads(proc.stdout)
+    pin = load_pin()
+    assert info["version"] == pin.fork_version
+    assert info["upstream"]["version"] == pin.version
+    assert info["upstream"]["sha256"] == pin.wheels[info["upstream"]["wheel"]]
+    assert [p["name"] for p in info["series"]] == read_series(REPO / "patches")
+    assert all(p["subject"] for p in info["series"])
+    assert set(info["kernels"]["archs"]) <= {"sm_90a", "sm_100a", "sm_120a"}
+    assert bool(info["kernels"]["archs"]) == bool(info["kernels"]["kernels"])
+
+
+def test_entry_points_are_upstreams():
+    eps = {e.name: e.value for e in md.distribution("sglang").entry_points if e.group == "console_scripts"}
+    assert eps == {"sglang": "sglang.cli.main:main", "killall_sglang": "sglang.cli.killall:main"}
+    script = Path(sys.executable).parent / "sglang"
+    assert script.exists() or shutil.which("sglang")
+    proc = subprocess.run([str(script) if script.exists() else "sglang", "version"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert load_pin().fork_version in proc.stdout
+
+
+def test_launch_server_help_lists_restored_flag():
+    proc = py("-m", "sglang.launch_server", "--help")
+    assert proc.returncode == 0, proc.stderr
+    assert "--enable-piecewise-cuda-graph" in proc.stdout
+    assert "--cuda-graph-backend-prefill" in proc.stdout
+
+
+def test_restored_flag_selects_breakable_prefill_and_says_so():
+    code = (
+        "import argparse, logging; logging.basicConfig(level=logging.WARNING)\n"
+        "from sglang.srt.server_args import ServerArgs\n"
+        "p = argparse.ArgumentParser(); ServerArgs.add_cli_args(p)\n"
+        "a = p.parse_args(['--model-path', 'm', '--enable-piecewise-cuda-graph'])\n"
+        "b = p.parse_args(['--model-path', 'm'])\n"
+        "print(a.cuda_graph_backend_prefill, b.cuda_graph_backend_prefill)\n"
+    )
+    proc = py("-c", code)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split()[-2:] == ["breakable", "None"]
+    assert "--enable-piecewise-cuda-graph: selecting the Dynamo-free 'breakable'" in proc.stderr
