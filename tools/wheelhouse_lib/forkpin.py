@@ -1,0 +1,54 @@
+"""The fork's UPSTREAM.toml, read so the wheelhouse matches what the fork build will produce.
+
+The build pins the upstream release and the sha256 of each upstream wheel, and lists the
+fork's deliberate Requires-Dist changes ([requires_dist] add/remove, exact strings). The
+wheelhouse must agree on all three, or the host would build a fork whose requirements the
+wheelhouse did not resolve.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from .compat import tomllib
+
+
+class ForkPinError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class ForkPin:
+    package: str
+    version: str
+    wheels: dict[str, str]  # upstream wheel file name -> sha256
+    add: tuple[str, ...]
+    remove: tuple[str, ...]
+    source: str
+
+
+def load_fork_pin(path: Path) -> ForkPin | None:
+    if not path.is_file():
+        return None
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+        up = data["upstream"]
+        req = data.get("requires_dist", {})
+        return ForkPin(
+            package=up["package"], version=up["version"], wheels=dict(up.get("wheels", {})),
+            add=tuple(e["requirement"] for e in req.get("add", [])),
+            remove=tuple(e["requirement"] for e in req.get("remove", [])),
+            source=str(path),
+        )
+    except (tomllib.TOMLDecodeError, KeyError, TypeError) as e:
+        raise ForkPinError(f"--upstream-pin {path}: cannot read the upstream pin ({e})") from None
+
+
+def fork_requires(upstream_requires: list[str], pin: ForkPin) -> list[str]:
+    """Upstream's Requires-Dist with the fork's changes, the way the fork build applies them."""
+    out = list(upstream_requires)
+    for req in pin.remove:
+        if req not in out:
+            raise ForkPinError(f"{pin.source} removes Requires-Dist {req!r}, which upstream does not have")
+        out.remove(req)
+    return out + list(pin.add)
