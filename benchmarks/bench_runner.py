@@ -1,0 +1,300 @@
+#!/usr/bin/env python3
+"""Layerwise CUDA-graph runner vs upstream, side by side on one GPU (Qwen3-30B-A3B shapes).
+
+One run measures four configurations with upstream's one-batch benchmark
+(`python -m sglang.benchmark.one_batch`, model built in-process, `--load-format dummy`, bf16,
+FlashInfer attention, 128-token prompts, 8 output tokens):
+
+  disabled              graphs off in both phases
+  upstream              decode `full` (ceiling 256), prefill `breakable` at 128/1024/4096 tokens
+  layerwise             both phases layerwise (decode: full <= 256, layerwise above, up to 1024;
+                        prefill buckets 128/1024/4096 via the legacy --piecewise-cuda-graph-tokens)
+  layerwise_every_size  the same with --cuda-graph-layerwise-every-size
+
+Decode step latency at bs {1, 8, 64, 256, 512, 1024}; prefill latency at 128/1024/4096 tokens
+(bs 1/8/32 x 128); capture time and graph memory from the capture logs; host time per eager MoE
+step from the layerwise replays. Writes benchmarks/results/runner-<tag>.json (+ .md) with a
+top-level "targets" object. Configurations can be run in separate invocations (each must fit
+the GPU host's 10-minute command limit) and merged: --configs ... --out SAME_FILE.
+
+    python benchmarks/bench_runner.py --tag h200                      # everything (~15 min)
+    python benchmarks/bench_runner.py --tag h200 --configs disabled upstream
+    python benchmarks/bench_runner.py --tag h200 --configs layerwise layerwise_every_size
+    python benchmarks/bench_runner.py --diagnose-eager-warmup         # see docs/runner.md
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Dict, List, Optional
+
+REPO = Path(__file__).resolve().parent.parent
+RESULTS = REPO / "benchmarks" / "results"
+
+QWEN3_30B_A3B = {
+    "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "hidden_size": 2048,
+    "num_hidden_layers": 48, "num_attention_heads": 32, "num_key_value_heads": 4, "head_dim": 128,
+    "intermediate_size": 6144, "moe_intermediate_size": 768, "num_experts": 128,
+    "num_experts_per_tok": 8, "vocab_size": 151936, "max_position_embeddings": 40960,
+    "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "torch_dtype": "bfloat16", "norm_topk_prob": True,
+    "decoder_sparse_step": 1, "mlp_only_layers": [], "tie_word_embeddings": False,
+    "hidden_act": "silu", "attention_bias": False, "bos_token_id": 1, "eos_token_id": 2,
+}
+# REFERENCE.md's tiny random Qwen3-MoE (the "did not finish warmup in 170 s" measurement).
+TINY_QWEN3_MOE = dict(
+    QWEN3_30B_A3B, hidden_size=1024, num_hidden_layers=8, num_attention_heads=16,
+    num_key_value_heads=4, head_dim=64, intermediate_size=2048, moe_intermediate_size=512,
+    num_experts=32, num_experts_per_tok=4, vocab_size=32000,
+)
+
+DECODE_BS = [1, 8, 64, 256, 512, 1024]
+PREFILL_BS = {128: 1, 1024: 8, 4096: 32}  # tokens -> batch of 128-token prompts
+INPUT_LEN, OUTPUT_LEN = 128, 8
+PREFILL_BUCKETS = ["128", "1024", "4096"]
+CONFIGS: Dict[str, List[str]] = {
+    "disabled": ["--cuda-graph-backend-decode", "disabled", "--cuda-graph-backend-prefill", "disabled"],
+    "upstream": [
+        "--cuda-graph-backend-decode", "full", "--cuda-graph-max-bs", "256",
+        "--cuda-graph-backend-prefill", "breakable", "--cuda-graph-bs-prefill", *PREFILL_BUCKETS,
+    ],
+    "layerwise": [
+        "--cuda-graph-backend-decode", "layerwise", "--cuda-graph-backend-prefill", "layerwise",
+        "--piecewise-cuda-graph-tokens", *PREFILL_BUCKETS,
+    ],
+    "layerwise_every_size": [
+        "--cuda-graph-backend-decode", "layerwise", "--cuda-graph-backend-prefill", "layerwise",
+        "--piecewise-cuda-graph-tokens", *PREFILL_BUCKETS, "--cuda-graph-layerwise-every-size",
+    ],
+}
+CAPTURE_RE = re.compile(
+    r"Capture (?:target )?(prefill|decode) CUDA graph end\. elapsed=([\d.]+) s, mem usage=([\d.]+) GB"
+)
+LAYERWISE_CAPTURE_TAG = "SM120_LAYERWISE_CAPTURE"
+LAYERWISE_HOST_TAG = "SM120_LAYERWISE_HOST"
+
+
+def write_model_dir(path: Path, config: dict) -> Path:
+    """config.json + a small word-level tokenizer (one_batch loads one; the host is offline)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "config.json").write_text(json.dumps(config, indent=1))
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, **{f"w{i}": i + 3 for i in range(997)}}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.save(str(path / "tokenizer.json"))
+    (path / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<s>", "eos_token": "</s>",
+        "unk_token": "<unk>", "model_max_length": 40960,
+    }))
+    return path
+
+
+def run_one_batch(model_dir: Path, name: str, extra: List[str], workdir: Path, timeout: int) -> dict:
+    jsonl = workdir / f"{name}.jsonl"
+    jsonl.unlink(missing_ok=True)
+    batch_sizes = sorted(set(DECODE_BS) | set(PREFILL_BS.values()))
+    cmd = [
+        sys.executable, "-m", "sglang.benchmark.one_batch", "--model-path", str(model_dir),
+        "--load-format", "dummy", "--attention-backend", "flashinfer",
+        "--mem-fraction-static", "0.85", "--max-running-requests", "1024",
+        "--batch-size", *map(str, batch_sizes), "--input-len", str(INPUT_LEN),
+        "--output-len", str(OUTPUT_LEN), "--run-name", name, "--result-filename", str(jsonl),
+        *extra,
+    ]
+    env = dict(os.environ, SGLANG_SM120_LAYERWISE_TIMING="1")
+    print(f"[bench_runner] {name}: {' '.join(cmd)}", flush=True)
+    t0 = time.time()
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+    wall = time.time() - t0
+    log = proc.stdout + "\n" + proc.stderr
+    (workdir / f"{name}.log").write_text(log)
+    if proc.returncode != 0:
+        raise SystemExit(f"{name}: one_batch failed (rc={proc.returncode}); log: {workdir / (name + '.log')}\n{log[-3000:]}")
+    rows = [json.loads(line) for line in jsonl.read_text().splitlines() if line.strip()]
+    decode = {str(r["batch_size"]): r.get("median_decode_latency") for r in rows if r["batch_size"] in DECODE_BS}
+    prefill = {
+        str(tokens): next((r["prefill_latency"] for r in rows if r["batch_size"] == bs), None)
+        for tokens, bs in PREFILL_BS.items()
+    }
+    capture = {"upstream_log": {}, "layerwise": {}}
+    for phase, elapsed, mem in CAPTURE_RE.findall(log):
+        capture["upstream_log"][phase] = {"elapsed_s": float(elapsed), "mem_gb": float(mem)}
+    host = {}
+    for line in log.splitlines():
+        if line.startswith(LAYERWISE_CAPTURE_TAG + " "):
+            rep = json.loads(line[len(LAYERWISE_CAPTURE_TAG) + 1:])
+            capture["layerwise"][rep["phase"]] = rep
+        elif line.startswith(LAYERWISE_HOST_TAG + " "):
+            rep = json.loads(line[len(LAYERWISE_HOST_TAG) + 1:])
+            host[rep["phase"]] = rep["sizes"]
+    totals = {}
+    for phase in ("prefill", "decode"):
+        up = capture["upstream_log"].get(phase, {})
+        lw = capture["layerwise"].get(phase, {})
+        # layerwise: the upstream log line covers buffers + the warm pass, our report the capture
+        totals[phase] = {
+            "capture_s": round(up.get("elapsed_s", 0.0) + lw.get("elapsed_s", 0.0), 3),
+            "graph_mem_gb": round(up.get("mem_gb", 0.0) + lw.get("mem_bytes", 0) / 2**30, 4),
+        }
+    return {
+        "command": " ".join(cmd), "wall_s": round(wall, 1), "decode_s": decode,
+        "prefill_s": prefill, "capture": capture, "capture_totals": totals, "host_step": host,
+    }
+
+
+def _ratio(a: Optional[float], b: Optional[float]) -> Optional[float]:
+    return round(a / b, 4) if a is not None and b not in (None, 0) else None
+
+
+def _target(value, target, ok) -> dict:
+    return {"value": value, "target": target, "met": bool(value is not None and ok(value))}
+
+
+def compute_targets(runs: Dict[str, dict]) -> Dict[str, dict]:
+    t: Dict[str, dict] = {}
+    dis, up = runs.get("disabled"), runs.get("upstream")
+    lw, every = runs.get("layerwise"), runs.get("layerwise_every_size")
+    if dis and lw:
+        for bs in ("512", "1024"):
+            sp = _ratio(dis["decode_s"].get(bs), lw["decode_s"].get(bs))
+            t[f"decode_speedup_vs_eager_bs{bs}"] = _target(sp, ">= 1.6", lambda v: v >= 1.6)
+    if lw:
+        us = [s["step_host_us"] for s in lw["host_step"].get("decode", []) if s["size"] >= 512]
+        worst = max(us) if us else None
+        t["eager_moe_host_us_per_layer_bs512_1024"] = _target(worst, "<= 100", lambda v: v <= 100)
+    if every and up:
+        for bs in ("64", "256"):
+            r = _ratio(every["decode_s"].get(bs), up["decode_s"].get(bs))
+            t[f"every_size_vs_full_graph_bs{bs}"] = _target(r, "<= 1.10", lambda v: v <= 1.10)
+        r = _ratio(every["capture_totals"]["decode"]["graph_mem_gb"], up["capture_totals"]["decode"]["graph_mem_gb"])
+        t["decode_graph_mem_every_size_1024_vs_full_256"] = _target(r, "<= 0.5", lambda v: v <= 0.5)
+    if lw and up:
+        for tokens in ("1024", "4096"):
+            r = _ratio(lw["prefill_s"].get(tokens), up["prefill_s"].get(tokens))
+            t[f"prefill_vs_breakable_{tokens}"] = _target(r, "<= 1.0", lambda v: v <= 1.0)
+        r = _ratio(lw["capture_totals"]["prefill"]["capture_s"], up["capture_totals"]["prefill"]["capture_s"])
+        t["prefill_capture_time_vs_breakable"] = _target(r, "<= 0.5", lambda v: v <= 0.5)
+    return t
+
+
+def render_md(result: dict) -> str:
+    runs = result["runs"]
+    names = [n for n in CONFIGS if n in runs]
+    lines = [f"# Layerwise runner benchmark ({result['tag']})", "",
+             f"{result['device']}; {result['model']}; generated {result['generated']}.", "",
+             "## Decode step, median (ms)", "", "| bs | " + " | ".join(names) + " |",
+             "|---|" + "---|" * len(names)]
+    for bs in DECODE_BS:
+        cells = [f"{runs[n]['decode_s'].get(str(bs), float('nan')) * 1e3:.2f}" if runs[n]['decode_s'].get(str(bs)) else "-" for n in names]
+        lines.append(f"| {bs} | " + " | ".join(cells) + " |")
+    lines += ["", "## Prefill (ms)", "", "| tokens | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
+    for tokens in PREFILL_BS:
+        cells = [f"{runs[n]['prefill_s'][str(tokens)] * 1e3:.1f}" if runs[n]['prefill_s'].get(str(tokens)) else "-" for n in names]
+        lines.append(f"| {tokens} | " + " | ".join(cells) + " |")
+    lines += ["", "## Capture", "", "| config | prefill s | prefill GB | decode s | decode GB |", "|---|---|---|---|---|"]
+    for n in names:
+        c = runs[n]["capture_totals"]
+        lines.append(f"| {n} | {c['prefill']['capture_s']} | {c['prefill']['graph_mem_gb']} | {c['decode']['capture_s']} | {c['decode']['graph_mem_gb']} |")
+    lines += ["", "## Targets", "", "| target | value | threshold | met |", "|---|---|---|---|"]
+    for k, v in result["targets"].items():
+        lines.append(f"| {k} | {v['value']} | {v['target']} | {'yes' if v['met'] else 'NO'} |")
+    lines += ["", "Commands:", ""] + [f"- `{runs[n]['command']}`" for n in names]
+    return "\n".join(lines) + "\n"
+
+
+def device_name() -> str:
+    try:
+        import torch
+
+        return torch.cuda.get_device_name(0)
+    except Exception:  # noqa: BLE001
+        return "unknown device"
+
+
+def diagnose_eager_warmup(workdir: Path, limit_s: int) -> None:
+    """REFERENCE.md: upstream 0.5.16 with graphs disabled did not finish one_batch's warmup in
+    170 s on a tiny MoE. Re-run it with Python stacks dumped every 15 s and summarise where the
+    time goes (docs/runner.md explains the reading of the code behind it)."""
+    model = write_model_dir(workdir / "tiny-qwen3-moe", TINY_QWEN3_MOE)
+    dump = workdir / "eager-warmup-stacks.txt"
+    script = (
+        "import faulthandler, sys\n"
+        f"f = open({str(dump)!r}, 'w')\n"
+        "faulthandler.dump_traceback_later(15, repeat=True, file=f)\n"
+        "from sglang.benchmark.one_batch import cli_main\n"
+        "sys.argv = ['one_batch'] + sys.argv[1:]\n"
+        "cli_main()\n"
+    )
+    cmd = [sys.executable, "-c", script, "--model-path", str(model), "--load-format", "dummy",
+           "--attention-backend", "flashinfer", "--disable-cuda-graph", "--batch-size", "16",
+           "--input-len", "256", "--output-len", "32"]
+    t0 = time.time()
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=limit_s)
+        rc, out = proc.returncode, proc.stdout + proc.stderr
+    except subprocess.TimeoutExpired as e:
+        rc, out = "timeout", (e.stdout or b"").decode() + (e.stderr or b"").decode()
+    wall = time.time() - t0
+    frames = {}
+    if dump.exists():
+        for block in dump.read_text().split("Thread 0x"):
+            lines = [ln.strip() for ln in block.splitlines() if ln.strip().startswith("File")]
+            if lines:
+                top = " <- ".join(lines[:4])
+                frames[top] = frames.get(top, 0) + 1
+    report = workdir / "runner-eager-warmup-diagnosis.txt"
+    with open(report, "w") as f:
+        f.write(f"command: {' '.join(cmd)}\nrc: {rc}\nwall: {wall:.1f} s\n\n")
+        f.write("most frequent innermost frames (count of 15 s samples):\n")
+        for top, n in sorted(frames.items(), key=lambda kv: -kv[1])[:15]:
+            f.write(f"{n:4d}  {top}\n")
+        f.write("\n--- log tail ---\n" + out[-4000:])
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    dest = RESULTS / "runner-eager-warmup-diagnosis.txt"
+    dest.write_text(report.read_text())
+    print(f"[bench_runner] wrote {dest} (rc={rc}, {wall:.0f} s)")
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--tag", default="h200", help="results go to benchmarks/results/runner-TAG.json/.md")
+    ap.add_argument("--configs", nargs="+", choices=list(CONFIGS), default=list(CONFIGS))
+    ap.add_argument("--workdir", default=None, help="logs and the model config (default: a temp dir)")
+    ap.add_argument("--timeout", type=int, default=900, help="per-configuration limit in seconds")
+    ap.add_argument("--diagnose-eager-warmup", action="store_true")
+    args = ap.parse_args(argv)
+    workdir = Path(args.workdir or tempfile.mkdtemp(prefix="bench_runner_"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    if args.diagnose_eager_warmup:
+        diagnose_eager_warmup(workdir, limit_s=min(args.timeout, 400))
+        return
+    out = RESULTS / f"runner-{args.tag}.json"
+    result = json.loads(out.read_text()) if out.exists() else {"runs": {}}
+    model = write_model_dir(workdir / "qwen3-30b-a3b-shapes", QWEN3_30B_A3B)
+    for name in args.configs:
+        result["runs"][name] = run_one_batch(model, name, CONFIGS[name], workdir, args.timeout)
+    result.update(
+        tag=args.tag, device=device_name(), model="Qwen3-30B-A3B shapes (48 layers, 128 experts top-8), bf16, dummy weights",
+        generated=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        workdir=str(workdir),
+    )
+    result["targets"] = compute_targets(result["runs"])
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1))
+    out.with_suffix(".md").write_text(render_md(result))
+    print(f"[bench_runner] wrote {out} and {out.with_suffix('.md')}")
+    for k, v in result["targets"].items():
+        print(f"  {k}: {v['value']} (target {v['target']}) {'met' if v['met'] else 'NOT met'}")
+
+
+if __name__ == "__main__":
+    main()

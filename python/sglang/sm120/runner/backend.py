@@ -1,0 +1,382 @@
+"""Capture backends for upstream's decode / prefill runners (sglang glue).
+
+They implement upstream's BaseCudaGraphBackend contract (capture_session / capture_one / can_run
+/ replay_session / replay / cleanup), so upstream's runners keep owning buffers, padding,
+attention metadata and output slicing:
+
+- LayerwiseDecodeBackend: full graphs (upstream's FullCudaGraphBackend) for batch sizes at or
+  below the full-graph ceiling, segmented layerwise graphs above it (or at every size).
+- LayerwisePrefillBackend: FlashInfer can plan prefill attention into fixed buffers, so the
+  attention stays inside the segments; subclassing FullCudaGraphBackend makes upstream's prefill
+  runner use its fixed-request-slot ("full") path. Only the MoE is eager.
+- LayerwiseBreakablePrefillBackend: any other attention backend; upstream's breakable capture
+  makes attention an eager break and the MoE boundary adds itself as another one.
+
+Both modes: a `mode` of "warm" (eager forwards only; the runner's first capture pass, before the
+traps are armed) or "capture" (the real pass, driven by runner.startup).
+"""
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any, Callable, Dict, Optional
+
+import torch
+
+from sglang.srt.model_executor.runner_backend.breakable_cuda_graph_backend import (
+    BreakableCudaGraphBackend,
+)
+from sglang.srt.model_executor.runner_backend.full_cuda_graph_backend import (
+    FullCudaGraphBackend,
+)
+
+from . import boundary
+from .boundary import CaptureSession, ProbeSession, StagingArena
+from .layerwise import LayerwiseEntry, SizeCapturer, capture_size, host_step_stats, is_oom
+from .segments import cuda_graph_factory
+
+logger = logging.getLogger(__name__)
+
+TIMING_ENV = "SGLANG_SM120_LAYERWISE_TIMING"
+# Test hook, "SIZE" or "PHASE:SIZE": capturing that size fails with an OOM raised while its first
+# segment is open (then the drop rule removes it and every larger size); for the GPU tests.
+INJECT_OOM_ENV = "SGLANG_SM120_LAYERWISE_INJECT_OOM"
+WARM_FORWARDS = 2  # eager forwards per size in the warm pass (upstream warms twice per size)
+
+
+def _forward_flags_provider():
+    """Snapshot sglang's per-forward flags (fuse_mlp_allreduce, mlp_reduce_scatter,
+    is_extend_in_batch, ...) at capture; the eager MoE step re-enters them at replay."""
+    from sglang.srt.runtime_context import get_forward
+
+    flags = get_forward()
+    values = {name: getattr(flags, name) for name in type(flags)._DEFAULTS}
+    return lambda: flags.scoped(**values)
+
+
+boundary.register_state_provider(_forward_flags_provider)
+
+
+def _timing_enabled() -> bool:
+    return os.environ.get(TIMING_ENV, "") == "1"
+
+
+def _oom_on_capture(forward_fn, size):
+    calls = []
+
+    def forward():
+        calls.append(1)
+        if len(calls) > 1:  # the warmup probe passes, the capture forward fails mid-capture
+            raise torch.OutOfMemoryError(f"{INJECT_OOM_ENV}={size}: injected out-of-memory")
+        return forward_fn()
+
+    return forward
+
+
+class _LayerwiseCommon:
+    """State and helpers shared by the three backends (mixed into upstream classes)."""
+
+    mode: str
+    phase: str
+
+    def _lw_init(self, runner, *, phase: str, capacity_rows: int, full_max_bs: int) -> None:
+        self.mode = "warm"
+        self.phase = phase
+        self._runner = runner
+        self._full_max_bs = full_max_bs
+        self.arena = StagingArena(capacity_rows, runner.device)
+        self.entries: Dict[Any, LayerwiseEntry] = {}
+        self.capturer: Optional[SizeCapturer] = None
+        self._current: Optional[tuple] = None
+        self._timing = _timing_enabled()
+        self.graph_factory = cuda_graph_factory  # tests inject a CPU emulator
+        self._warm_oom: Optional[int] = None
+
+    # -- helpers -------------------------------------------------------------------------------
+    def _sync_barrier(self) -> None:
+        self._device_module.synchronize()
+        self._tp_group.barrier()
+
+    def _agree(self, failed: bool) -> bool:
+        group = self._tp_group
+        if getattr(group, "world_size", 1) <= 1:
+            return failed
+        flag = torch.tensor([1 if failed else 0], dtype=torch.int32)
+        torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX, group=group.cpu_group)
+        return bool(flag.item())
+
+    def _warm(self, size: int, forward_fn: Callable[[], Any], post_warmup_hook) -> None:
+        try:
+            for _ in range(WARM_FORWARDS):
+                self._sync_barrier()
+                forward_fn()
+                if post_warmup_hook is not None:
+                    post_warmup_hook()
+            failed = False
+        except Exception as e:  # noqa: BLE001
+            if not is_oom(e):
+                raise
+            failed = True
+            logger.warning("layerwise %s: out of memory warming size %d: %s", self.phase, size, e)
+        if self._agree(failed):
+            torch.cuda.empty_cache()
+            self._warm_oom = min(size, self._warm_oom or size)
+
+    def _pre_drop(self, capturer: SizeCapturer) -> SizeCapturer:
+        """Sizes whose warm pass ran out of memory are dropped before capture (with the larger)."""
+        if self._warm_oom:
+            capturer.drop(self._warm_oom, "out of memory in the warm pass")
+        return capturer
+
+    def _capture_segments(self, size: int) -> None:
+        key, forward_fn, post_warmup_hook = self._current
+        if os.environ.get(INJECT_OOM_ENV) in (str(size), f"{self.phase}:{size}"):
+            forward_fn = _oom_on_capture(forward_fn, size)
+        self.entries[key] = capture_size(
+            forward_fn,
+            arena=self.arena,
+            warmups=1,
+            before_warmup=self._sync_barrier,
+            post_warmup_hook=post_warmup_hook,
+            before_capture=self._device_module.synchronize,
+            graph_factory=self.graph_factory,
+            pool=self._pool,
+            stream=self._capture_stream,
+            track_side_streams=self._capture_stream is not None,
+        )
+
+    def _release(self, size: int) -> None:
+        for store in (self.entries, getattr(self, "_graphs", {}), getattr(self, "_outputs", {})):
+            for key in [k for k in store if getattr(k, "size", None) == size]:
+                del store[key]
+
+    def _new_capturer(self, capture_full: Callable[[int], None]) -> SizeCapturer:
+        planned = sorted(self._planned_sizes())
+        return self._pre_drop(SizeCapturer(
+            planned=planned,
+            full_max_bs=self._full_max_bs,
+            capture_full=capture_full,
+            capture_layerwise=self._capture_segments,
+            release=self._release,
+            after_oom=torch.cuda.empty_cache,
+            agree=self._agree,
+            label=f"layerwise {self.phase}",
+        ))
+
+    def _planned_sizes(self):
+        raise NotImplementedError
+
+    def _replay_entry(self, entry: LayerwiseEntry) -> Any:
+        if self._timing:
+            entry.graph.replay_timed()
+        else:
+            entry.graph.replay()
+        return entry.output
+
+    # -- reporting -----------------------------------------------------------------------------
+    def servable_sizes(self):
+        return self.capturer.ledger.servable() if self.capturer is not None else []
+
+    def report(self) -> Dict[str, Any]:
+        out = self.capturer.summary() if self.capturer is not None else {}
+        segs = [e.graph.num_segments for e in self.entries.values()]
+        out.update(
+            phase=self.phase,
+            segments_per_size=max(segs) if segs else 0,
+            staging_bytes=self.arena.nbytes,
+        )
+        return out
+
+    def host_stats(self):
+        return host_step_stats(self.entries)
+
+
+class LayerwiseDecodeBackend(_LayerwiseCommon, FullCudaGraphBackend):
+    def __init__(self, cuda_graph_runner, *, full_max_bs: int, enable_memory_saver: bool = False):
+        FullCudaGraphBackend.__init__(self, cuda_graph_runner, enable_memory_saver=enable_memory_saver)
+        width = int(getattr(cuda_graph_runner, "captured_req_width", 1) or 1)
+        self._lw_init(
+            cuda_graph_runner,
+            phase="decode",
+            capacity_rows=max(cuda_graph_runner.capture_bs) * width,
+            full_max_bs=full_max_bs,
+        )
+
+    def _planned_sizes(self):
+        return self._runner.capture_bs
+
+    def capture_one(self, shape_key, forward_fn, dummies=None, post_warmup_hook=None) -> None:
+        if self.mode == "warm":
+            self._warm(shape_key.size, forward_fn, post_warmup_hook)
+            return
+        if self.capturer is None:
+            self.capturer = self._new_capturer(self._capture_full)
+        self._current = (shape_key, forward_fn, post_warmup_hook)
+        try:
+            self.capturer.capture(shape_key.size)
+        finally:
+            self._current = None
+
+    def _capture_full(self, size: int) -> None:
+        key, forward_fn, post_warmup_hook = self._current
+        FullCudaGraphBackend.capture_one(self, key, forward_fn, None, post_warmup_hook)
+
+    def can_run(self, forward_batch, shape_key) -> bool:
+        return shape_key in self.entries or shape_key in self._graphs
+
+    def replay(self, shape_key, static_forward_batch, **kwargs) -> Any:
+        entry = self.entries.get(shape_key)
+        if entry is not None:
+            return self._replay_entry(entry)
+        return FullCudaGraphBackend.replay(self, shape_key, static_forward_batch, **kwargs)
+
+    def cleanup(self) -> None:
+        FullCudaGraphBackend.cleanup(self)
+        self.entries.clear()
+        self.capturer = None
+
+
+class LayerwisePrefillBackend(_LayerwiseCommon, FullCudaGraphBackend):
+    """Captured-attention prefill (FlashInfer): every bucket layerwise, attention in-graph."""
+
+    def __init__(self, cuda_graph_runner, *, enable_memory_saver: bool = False):
+        FullCudaGraphBackend.__init__(self, cuda_graph_runner, enable_memory_saver=enable_memory_saver)
+        self._lw_init(
+            cuda_graph_runner,
+            phase="prefill",
+            capacity_rows=max(cuda_graph_runner.capture_num_tokens),
+            full_max_bs=0,
+        )
+
+    def _planned_sizes(self):
+        return self._runner.capture_num_tokens
+
+    def capture_one(self, shape_key, forward_fn, dummies=None, post_warmup_hook=None) -> None:
+        if self.mode == "warm":
+            self._warm(shape_key.size, forward_fn, post_warmup_hook)
+            return
+        if self.capturer is None:
+            self.capturer = self._new_capturer(self._no_full)
+        self._current = (shape_key, forward_fn, post_warmup_hook)
+        try:
+            self.capturer.capture(shape_key.size)
+        finally:
+            self._current = None
+
+    @staticmethod
+    def _no_full(size: int) -> None:
+        raise AssertionError("prefill never captures full graphs under layerwise")
+
+    def can_run(self, forward_batch, shape_key) -> bool:
+        return shape_key in self.entries
+
+    def replay(self, shape_key, static_forward_batch, **kwargs) -> Any:
+        return self._replay_entry(self.entries[shape_key])
+
+    def cleanup(self) -> None:
+        FullCudaGraphBackend.cleanup(self)
+        self.entries.clear()
+        self.capturer = None
+
+
+class _BreakableCutter:
+    """`cut(step)` onto upstream's BreakableCUDAGraphCapture (same sequence its eager_on_graph
+    wrapper performs, minus running the wrapped function during capture)."""
+
+    def __init__(self, capture):
+        self._capture = capture
+
+    def cut(self, step) -> None:
+        self._capture._end_current_segment()
+        self._capture.cuda_graph._break_fns.append(step)
+        self._capture._begin_new_segment()
+
+
+class LayerwiseBreakablePrefillBackend(_LayerwiseCommon, BreakableCudaGraphBackend):
+    """Attention-break prefill: upstream's breakable capture plus the MoE as a second break."""
+
+    def __init__(self, cuda_graph_runner, *, enable_memory_saver: bool = False, debug_eager: bool = False):
+        BreakableCudaGraphBackend.__init__(
+            self, cuda_graph_runner, enable_memory_saver=enable_memory_saver, debug_eager=debug_eager
+        )
+        self._lw_init(
+            cuda_graph_runner,
+            phase="prefill",
+            capacity_rows=max(cuda_graph_runner.capture_num_tokens),
+            full_max_bs=0,
+        )
+        self._records = []
+
+    def _planned_sizes(self):
+        return self._runner.capture_num_tokens
+
+    def capture_one(self, shape_key, forward_fn, dummies=None, post_warmup_hook=None) -> None:
+        if self.mode == "warm":  # capture_session already switched attention to its break path
+            self._warm(shape_key.size, forward_fn, post_warmup_hook)
+            return
+        if self.capturer is None:
+            self.capturer = self._new_capturer(LayerwisePrefillBackend._no_full)
+        self._current = (shape_key, forward_fn, post_warmup_hook)
+        try:
+            self.capturer.capture(shape_key.size)
+        finally:
+            self._current = None
+
+    def _capture_segments(self, size: int) -> None:
+        from sglang.srt.model_executor.runner_backend_utils.breakable_cuda_graph.breakable_cuda_graph import (
+            _current_capture_var,
+        )
+
+        key, forward_fn, post_warmup_hook = self._current
+
+        def islanded_forward():
+            active = _current_capture_var.get()
+            if active is None:  # one of upstream's warmup forwards: probe the islands
+                self._records = []
+                with ProbeSession(self.arena, self._records):
+                    return forward_fn()
+            with CaptureSession(self.arena, self._records, _BreakableCutter(active)):
+                return forward_fn()
+
+        BreakableCudaGraphBackend.capture_one(self, key, islanded_forward, None, post_warmup_hook)
+
+    def can_run(self, forward_batch, shape_key) -> bool:
+        return shape_key in self._graphs
+
+    def cleanup(self) -> None:
+        BreakableCudaGraphBackend.cleanup(self)
+        self.capturer = None
+
+
+def _attention_plans_fixed_prefill(attn_backend) -> bool:
+    """FlashInfer's MHA backend can plan EXTEND into capture-stable wrappers (upstream's
+    full-prefill path); MLA and other backends cannot."""
+    return hasattr(attn_backend, "_create_full_cg_prefill_wrappers") and type(
+        attn_backend
+    ).__name__ == "FlashInferAttnBackend"
+
+
+def make_decode_backend(cuda_graph_runner) -> LayerwiseDecodeBackend:
+    sa = cuda_graph_runner.model_runner.server_args
+    full_max_bs = sa.cuda_graph_config.decode.layerwise_full_max_bs
+    return LayerwiseDecodeBackend(
+        cuda_graph_runner,
+        full_max_bs=int(full_max_bs or 0),
+        enable_memory_saver=sa.enable_memory_saver,
+    )
+
+
+def make_prefill_backend(cuda_graph_runner):
+    mr = cuda_graph_runner.model_runner
+    if _attention_plans_fixed_prefill(mr.attn_backend):
+        return LayerwisePrefillBackend(cuda_graph_runner, enable_memory_saver=mr.server_args.enable_memory_saver)
+    logger.info(
+        "layerwise prefill: %s cannot plan prefill attention into fixed buffers; attention "
+        "runs as an eager break like the MoE",
+        type(mr.attn_backend).__name__,
+    )
+    return LayerwiseBreakablePrefillBackend(
+        cuda_graph_runner,
+        enable_memory_saver=mr.server_args.enable_memory_saver,
+        debug_eager=mr.server_args.debug_cuda_graph,
+    )

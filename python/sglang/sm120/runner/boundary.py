@@ -1,0 +1,317 @@
+"""The eager-island boundary: how an MoE call becomes an eager step between graph segments.
+
+The hook at the top of `FusedMoE.forward` (patch 0105) asks `boundary_active()` and, when a
+layerwise session is open, hands the call to `cross(owner, *args, **kwargs)`. Sessions:
+
+- `ProbeSession` (eager warmup forwards): runs the MoE for real, records what crossed the
+  boundary (which token-major tensors go in, what comes out), and allocates the static buffers.
+- `CaptureSession` (graph capture): copies the token-major inputs into static staging buffers
+  as the last ops of the current segment, cuts the capture there, and returns static output
+  buffers to the model code, which the next segment reads. The MoE does not run during
+  capture (its inputs hold no data yet); at replay the step runs it on the staged inputs and
+  copies its result into the output buffers.
+
+Per-forward Python state the MoE reads (e.g. whether the all-reduce is fused into the next
+layer) is snapshotted at capture by registered state providers and restored around each step.
+"""
+from __future__ import annotations
+
+import contextlib
+import contextvars
+from dataclasses import dataclass
+from typing import Any, Callable, List, Optional, Sequence, Tuple
+
+import torch
+
+# Output buffers alternate between this many sets, so an MoE output stays intact until two
+# boundaries later (a consumer that holds it across the next layer's MoE still reads it).
+OUTPUT_RING = 2
+
+
+class BoundaryMismatch(RuntimeError):
+    """The capture forward reached a boundary the warmup forward did not (or with other inputs)."""
+
+
+# ------------------------------------------------------------------------------------------------
+# pytree-lite: tensors inside tuples / NamedTuples / lists / dicts; anything else is a constant
+# ------------------------------------------------------------------------------------------------
+def flatten(obj) -> Tuple[List[torch.Tensor], Callable[[Sequence[torch.Tensor]], Any]]:
+    """Tensor leaves of obj and a function rebuilding obj's structure from new leaves.
+
+    The rebuild function keeps only structure and non-tensor constants, never the leaves.
+    """
+    leaves: List[torch.Tensor] = []
+
+    def walk(x):
+        if isinstance(x, torch.Tensor):
+            idx = len(leaves)
+            leaves.append(x)
+            return lambda new: new[idx]
+        if isinstance(x, tuple):
+            parts = [walk(e) for e in x]
+            if hasattr(x, "_fields"):  # NamedTuple
+                cls = type(x)
+                return lambda new: cls(*[p(new) for p in parts])
+            return lambda new: tuple(p(new) for p in parts)
+        if isinstance(x, list):
+            parts = [walk(e) for e in x]
+            return lambda new: [p(new) for p in parts]
+        if isinstance(x, dict):
+            parts = {k: walk(v) for k, v in x.items()}
+            return lambda new: {k: p(new) for k, p in parts.items()}
+        return lambda new, _x=x: _x
+
+    rebuild = walk(obj)
+    return leaves, rebuild
+
+
+@dataclass(frozen=True)
+class LeafSig:
+    token_major: bool
+    tail: Tuple[int, ...]
+    dtype: torch.dtype
+
+
+def _leaf_sig(t: torch.Tensor, rows: int) -> LeafSig:
+    token_major = t.dim() >= 1 and t.shape[0] == rows
+    tail = tuple(t.shape[1:]) if token_major else tuple(t.shape)
+    return LeafSig(token_major, tail, t.dtype)
+
+
+@dataclass
+class ProbeRecord:
+    owner_id: int
+    owner_name: str
+    rows: int
+    in_sigs: Tuple[LeafSig, ...]
+    out_sigs: Tuple[LeafSig, ...]
+    out_rebuild: Callable
+
+
+class StagingArena:
+    """Static buffers with `capacity` leading rows, shared by every layer and every size.
+
+    One arena per backend. Buffers are allocated during probes (eager), never during capture.
+    """
+
+    def __init__(self, capacity: int, device) -> None:
+        if capacity < 1:
+            raise ValueError(f"staging capacity must be >= 1 row, got {capacity}")
+        self.capacity = int(capacity)
+        self.device = torch.device(device)
+        self._buffers: dict = {}
+
+    def ensure(self, name: str, tail: Tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        key = (name, tail, dtype)
+        buf = self._buffers.get(key)
+        if buf is None:
+            buf = torch.empty((self.capacity, *tail), dtype=dtype, device=self.device)
+            self._buffers[key] = buf
+        return buf
+
+    def view(self, name: str, tail: Tuple[int, ...], dtype: torch.dtype, rows: int) -> torch.Tensor:
+        key = (name, tail, dtype)
+        buf = self._buffers.get(key)
+        if buf is None:
+            raise BoundaryMismatch(
+                f"staging buffer {name} {tail} {dtype} was not allocated by the warmup probe"
+            )
+        if rows > self.capacity:
+            raise BoundaryMismatch(f"{rows} rows exceed the staging capacity {self.capacity}")
+        return buf[:rows]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(b.numel() * b.element_size() for b in self._buffers.values())
+
+
+# ------------------------------------------------------------------------------------------------
+# state providers: snapshot per-forward Python state at capture, restore it around each step
+# ------------------------------------------------------------------------------------------------
+StateProvider = Callable[[], Callable[[], contextlib.AbstractContextManager]]
+_STATE_PROVIDERS: List[StateProvider] = []
+
+
+def register_state_provider(provider: StateProvider) -> None:
+    """provider() is called at capture time and returns a factory of a context manager that
+    re-establishes the state it saw; the step enters it around the eager call."""
+    if provider not in _STATE_PROVIDERS:
+        _STATE_PROVIDERS.append(provider)
+
+
+def _snapshot_state() -> List[Callable[[], contextlib.AbstractContextManager]]:
+    return [p() for p in _STATE_PROVIDERS]
+
+
+# ------------------------------------------------------------------------------------------------
+# sessions
+# ------------------------------------------------------------------------------------------------
+_SESSION: Optional["_Session"] = None
+_BYPASS = contextvars.ContextVar("sm120_boundary_bypass", default=False)
+
+
+def boundary_active() -> bool:
+    """True when the hook should divert the call to `cross` (a session is open and the call is
+    not the boundary's own eager call)."""
+    return _SESSION is not None and not _BYPASS.get()
+
+
+def cross(owner, *args, **kwargs):
+    session = _SESSION
+    if session is None:
+        raise RuntimeError("cross() called without an open layerwise session")
+    return session.on_boundary(owner, args, kwargs)
+
+
+def call_unhooked(owner, args, kwargs):
+    """owner.forward(*args, **kwargs) with the boundary hook bypassed."""
+    token = _BYPASS.set(True)
+    try:
+        return owner.forward(*args, **kwargs)
+    finally:
+        _BYPASS.reset(token)
+
+
+def _rows_of(leaves: Sequence[torch.Tensor]) -> int:
+    for t in leaves:
+        if t.dim() >= 1:
+            return int(t.shape[0])
+    raise BoundaryMismatch("an eager-island call needs a token-major tensor argument")
+
+
+class _Session:
+    def __init__(self, arena: StagingArena, records: List[ProbeRecord]):
+        self.arena = arena
+        self.records = records
+        self.calls = 0
+
+    def on_boundary(self, owner, args, kwargs):
+        raise NotImplementedError
+
+    def __enter__(self):
+        global _SESSION
+        if _SESSION is not None:
+            raise RuntimeError("a layerwise session is already open")
+        _SESSION = self
+        return self
+
+    def __exit__(self, *exc):
+        global _SESSION
+        _SESSION = None
+        return False
+
+
+class ProbeSession(_Session):
+    """Eager forward: run each boundary call for real and record its signature."""
+
+    def on_boundary(self, owner, args, kwargs):
+        in_leaves, _ = flatten((args, kwargs))
+        rows = _rows_of(in_leaves)
+        out = call_unhooked(owner, args, kwargs)
+        out_leaves, out_rebuild = flatten(out)
+        in_sigs = tuple(_leaf_sig(t, rows) for t in in_leaves)
+        out_sigs = tuple(_leaf_sig(t, rows) for t in out_leaves)
+        if not all(s.token_major for s in out_sigs):
+            raise BoundaryMismatch(
+                f"{type(owner).__name__}: every output of an eager island must be token-major "
+                f"({rows} rows); got {[tuple(t.shape) for t in out_leaves]}"
+            )
+        for i, s in enumerate(in_sigs):
+            if s.token_major:
+                self.arena.ensure(f"in.{i}", s.tail, s.dtype)
+        for r in range(OUTPUT_RING):
+            for j, s in enumerate(out_sigs):
+                self.arena.ensure(f"out{r}.{j}", s.tail, s.dtype)
+        self.records.append(
+            ProbeRecord(id(owner), type(owner).__name__, rows, in_sigs, out_sigs, out_rebuild)
+        )
+        self.calls += 1
+        return out
+
+
+class CaptureSession(_Session):
+    """Capture forward: stage inputs, cut the segment, return static outputs.
+
+    cutter: anything with `cut(step)` (SegmentCapture, or an adapter onto another segmented
+    capture).
+    """
+
+    def __init__(self, arena: StagingArena, records: List[ProbeRecord], cutter):
+        super().__init__(arena, records)
+        self.cutter = cutter
+
+    def on_boundary(self, owner, args, kwargs):
+        k = self.calls
+        if k >= len(self.records):
+            raise BoundaryMismatch(
+                f"capture reached eager island #{k} ({type(owner).__name__}) but the warmup "
+                f"forward had only {len(self.records)}"
+            )
+        rec = self.records[k]
+        in_leaves, in_rebuild = flatten((args, kwargs))
+        rows = _rows_of(in_leaves)
+        in_sigs = tuple(_leaf_sig(t, rows) for t in in_leaves)
+        if rec.owner_id != id(owner) or rec.in_sigs != in_sigs or rec.rows != rows:
+            raise BoundaryMismatch(
+                f"eager island #{k}: warmup saw {rec.owner_name} with {rec.rows} rows "
+                f"{rec.in_sigs}, capture sees {type(owner).__name__} with {rows} rows {in_sigs}"
+            )
+        staged: List[torch.Tensor] = []
+        for i, (t, s) in enumerate(zip(in_leaves, in_sigs)):
+            if s.token_major:
+                buf = self.arena.view(f"in.{i}", s.tail, s.dtype, rows)
+                buf.copy_(t)  # recorded into the segment that is about to end
+                staged.append(buf)
+            else:
+                staged.append(t)  # static already (parameters, scalars, fixed buffers)
+        staged_args, staged_kwargs = in_rebuild(staged)
+        ring = k % OUTPUT_RING
+        out_views = [
+            self.arena.view(f"out{ring}.{j}", s.tail, s.dtype, rows)
+            for j, s in enumerate(rec.out_sigs)
+        ]
+        restorers = _snapshot_state()
+        step = _make_step(owner, staged_args, staged_kwargs, out_views, restorers)
+        self.cutter.cut(step)
+        self.calls += 1
+        return rec.out_rebuild(out_views)
+
+    def __exit__(self, exc_type, *rest):
+        try:
+            if exc_type is None and self.calls != len(self.records):
+                raise BoundaryMismatch(
+                    f"capture crossed {self.calls} eager islands, warmup {len(self.records)}"
+                )
+        finally:
+            super().__exit__(exc_type, *rest)
+        return False
+
+
+def _make_step(owner, args, kwargs, out_views, restorers):
+    shapes = [tuple(v.shape) for v in out_views]
+
+    def step() -> None:
+        if restorers:
+            with contextlib.ExitStack() as stack:
+                for r in restorers:
+                    stack.enter_context(r())
+                out = call_unhooked(owner, args, kwargs)
+        else:
+            out = call_unhooked(owner, args, kwargs)
+        leaves, _ = flatten(out)
+        if len(leaves) != len(out_views):
+            raise BoundaryMismatch(
+                f"{type(owner).__name__} returned {len(leaves)} tensors at replay, "
+                f"{len(out_views)} at capture"
+            )
+        for dst, src, shape in zip(out_views, leaves, shapes):
+            if tuple(src.shape) != shape:
+                raise BoundaryMismatch(
+                    f"{type(owner).__name__} returned shape {tuple(src.shape)} at replay, "
+                    f"{shape} at capture"
+                )
+            if src.data_ptr() != dst.data_ptr():
+                dst.copy_(src)
+
+    step.owner_name = type(owner).__name__  # for logs
+    return step

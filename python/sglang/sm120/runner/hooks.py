@@ -1,0 +1,51 @@
+"""Entry points the patch series calls. Each is one line at its call site upstream.
+
+patch 0102 (server_args):     finalize_server_args(server_args)
+patch 0103 (runner backends): decode_backend(runner) / prefill_backend(runner)
+patch 0104 (graph setup):     decode_runner_class(model_runner, default) /
+                              prefill_runner_class(model_runner, default) /
+                              finish_captures(model_runner)
+patch 0105 (FusedMoE):        sglang.sm120.runner.boundary.boundary_active / cross
+patch 0106/0107 (helpers):    sglang.sm120.runner.dynamo_free.compile_unless_dynamo_free
+"""
+from __future__ import annotations
+
+from .config import LAYERWISE, finalize, phase_backend
+
+
+def finalize_server_args(server_args) -> None:
+    finalize(server_args)
+
+
+def decode_backend(cuda_graph_runner):
+    from .backend import make_decode_backend
+
+    return make_decode_backend(cuda_graph_runner)
+
+
+def prefill_backend(cuda_graph_runner):
+    from .backend import make_prefill_backend
+
+    return make_prefill_backend(cuda_graph_runner)
+
+
+def decode_runner_class(model_runner, default):
+    if phase_backend(model_runner.server_args, "decode") != LAYERWISE:
+        return default
+    from .runners import LayerwiseDecodeRunner
+
+    return LayerwiseDecodeRunner
+
+
+def prefill_runner_class(model_runner, default):
+    if phase_backend(model_runner.server_args, "prefill") != LAYERWISE:
+        return default
+    from .runners import LayerwisePrefillRunner
+
+    return LayerwisePrefillRunner
+
+
+def finish_captures(model_runner) -> None:
+    from .startup import finish
+
+    finish(model_runner)

@@ -1,0 +1,215 @@
+"""Capturing one size layerwise, and the per-runner loop policy around it.
+
+`capture_size` = warmup forwards under a ProbeSession, then one forward under a CaptureSession
+inside a SegmentCapture. `SizeCapturer` drives sizes largest first: full graphs at or below the
+ceiling (through a callback into upstream's full backend), layerwise above it, full->layerwise
+fallback when the MoE turns out not to be capturable, and OOM drops (the size and every larger
+one). No sglang imports: the sglang glue passes callables in, which keeps this testable on CPU.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+import torch
+
+from ..traps import TrapViolation
+from .boundary import CaptureSession, ProbeRecord, ProbeSession, StagingArena
+from .segments import GraphFactory, SegmentCapture, SegmentedGraph, cuda_graph_factory
+from .sizes import SizeLedger
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class LayerwiseEntry:
+    graph: SegmentedGraph
+    output: Any
+    islands: int
+
+
+def capture_size(
+    forward_fn: Callable[[], Any],
+    *,
+    arena: StagingArena,
+    warmups: int = 1,
+    before_warmup: Optional[Callable[[], None]] = None,
+    post_warmup_hook: Optional[Callable[[], None]] = None,
+    before_capture: Optional[Callable[[], None]] = None,
+    graph_factory: GraphFactory = cuda_graph_factory,
+    pool=None,
+    stream=None,
+    track_side_streams: bool = False,
+) -> LayerwiseEntry:
+    """Warm up (eager, recording every eager island) and capture one size as segments.
+
+    warmups: eager forwards before the capture; the last one's island records are used.
+    before_warmup: e.g. device sync + TP barrier, called before every warmup forward.
+    post_warmup_hook: lets the attention backend reset state a warmup mutated.
+    before_capture: e.g. device sync, called once right before the first segment opens.
+    """
+    if warmups < 1:
+        raise ValueError("capture_size needs at least one warmup forward to probe eager islands")
+    records: List[ProbeRecord] = []
+    for _ in range(warmups):
+        records = []
+        if before_warmup is not None:
+            before_warmup()
+        with ProbeSession(arena, records):
+            forward_fn()
+        if post_warmup_hook is not None:
+            post_warmup_hook()
+    if before_capture is not None:
+        before_capture()
+    graph = SegmentedGraph()
+    with SegmentCapture(
+        graph,
+        graph_factory=graph_factory,
+        pool=pool,
+        stream=stream,
+        track_side_streams=track_side_streams,
+    ) as cap, CaptureSession(arena, records, cap):
+        output = forward_fn()
+    return LayerwiseEntry(graph=graph, output=output, islands=len(records))
+
+
+def is_oom(exc: BaseException) -> bool:
+    if isinstance(exc, torch.OutOfMemoryError):
+        return True
+    return isinstance(exc, RuntimeError) and "out of memory" in str(exc).lower()
+
+
+@dataclass
+class SizeCapturer:
+    """Capture policy for one runner's sizes (call `capture(size)` largest first).
+
+    full_max_bs: sizes <= this go through `capture_full` (upstream full graph); 0 = none.
+    capture_full(size): record a full graph for `size` (raises on failure).
+    capture_layerwise(size): record a segmented graph for `size` (raises on failure).
+    release(size): forget the graphs of a captured size (after an OOM further down).
+    after_oom(): free cached memory after an OOM.
+    agree(failed): combine a per-rank failure flag across tensor-parallel ranks (True if any
+        rank failed); identity on one rank.
+    """
+
+    planned: List[int]
+    full_max_bs: int
+    capture_full: Callable[[int], None]
+    capture_layerwise: Callable[[int], None]
+    release: Callable[[int], None]
+    after_oom: Callable[[], None] = lambda: None
+    agree: Callable[[bool], bool] = lambda failed: failed
+    label: str = "layerwise"
+    ledger: SizeLedger = field(init=False)
+    moe_capturable: bool = True
+    kinds: Dict[int, str] = field(default_factory=dict)
+    fallback_reason: Optional[str] = None
+
+    def __post_init__(self):
+        self.ledger = SizeLedger(planned=sorted(self.planned))
+
+    def order(self) -> List[int]:
+        return self.ledger.capture_order()
+
+    def wants_full(self, size: int) -> bool:
+        return self.moe_capturable and size <= self.full_max_bs
+
+    def capture(self, size: int) -> Optional[str]:
+        """Capture `size`; returns 'full', 'layerwise' or None when it was dropped."""
+        if self.ledger.is_dropped(size):
+            return None
+        kind = "full" if self.wants_full(size) else "layerwise"
+        failure: Optional[BaseException] = None
+        try:
+            if kind == "full":
+                try:
+                    self.capture_full(size)
+                except Exception as e:  # noqa: BLE001 - classified below
+                    if is_oom(e) or isinstance(e, TrapViolation):
+                        raise
+                    # The MoE (or something next to it) is not capturable: from here on every
+                    # size is layerwise, which is exactly what layerwise exists for.
+                    self.moe_capturable = False
+                    self.fallback_reason = f"{type(e).__name__}: {e}"
+                    logger.warning(
+                        "%s: full-graph capture of size %d failed (%s); capturing this and "
+                        "all remaining sizes layerwise",
+                        self.label, size, self.fallback_reason,
+                    )
+                    kind = "layerwise"
+                    self.capture_layerwise(size)
+            else:
+                self.capture_layerwise(size)
+        except Exception as e:  # noqa: BLE001
+            if not is_oom(e):
+                raise
+            failure = e
+        if self.agree(failure is not None):
+            if failure is None:  # this rank captured it, another rank did not
+                self.release(size)
+            why = f"{type(failure).__name__}: {failure}" if failure else "another rank ran out of memory"
+            self.drop(size, why)
+            return None
+        self.ledger.mark_captured(size)
+        self.kinds[size] = kind
+        return kind
+
+    def drop(self, size: int, why: str) -> None:
+        """Drop `size` and every larger size (releasing captured ones); they run eagerly."""
+        self.after_oom()
+        captured_before = set(self.ledger.captured)
+        newly = self.ledger.drop_from(size)
+        for s in newly:
+            if s in captured_before:
+                self.release(s)
+                self.kinds.pop(s, None)
+        self.after_oom()
+        logger.warning(
+            "%s: size %d could not be captured (%s); dropped sizes %s, they run eagerly",
+            self.label, size, why, newly,
+        )
+
+    def summary(self) -> Dict[str, Any]:
+        full = sorted(s for s, k in self.kinds.items() if k == "full")
+        lw = sorted(s for s, k in self.kinds.items() if k == "layerwise")
+        return {
+            "full": full,
+            "layerwise": lw,
+            "dropped": sorted(self.ledger.dropped),
+            "moe_capturable": self.moe_capturable,
+            "fallback_reason": self.fallback_reason,
+        }
+
+
+def describe_sizes(sizes: List[int], limit: int = 12) -> str:
+    if len(sizes) <= limit:
+        return str(sizes)
+    return f"[{', '.join(map(str, sizes[:limit // 2]))}, ..., {', '.join(map(str, sizes[-limit // 2:]))}] ({len(sizes)} sizes)"
+
+
+class EagerFallbackLog:
+    """One log line per (phase, size) that runs eagerly instead of replaying a graph."""
+
+    def __init__(self, phase: str, log: Callable[[str], None] = logger.warning):
+        self.phase = phase
+        self._seen: set = set()
+        self._log = log
+
+    def note(self, size: int, reason: str) -> bool:
+        key = (size, reason)
+        if key in self._seen:
+            return False
+        self._seen.add(key)
+        self._log(f"layerwise {self.phase}: size {size} runs eagerly ({reason}); logged once")
+        return True
+
+
+def host_step_stats(entries: Dict[Any, LayerwiseEntry]) -> List[Tuple[Any, float, int]]:
+    """(key, mean host seconds per eager step, replays) for entries replayed with timing."""
+    out = []
+    for key, e in entries.items():
+        g = e.graph
+        if g.timed_replays and g.steps:
+            out.append((key, g.step_host_seconds / (g.timed_replays * len(g.steps)), g.timed_replays))
+    return out

@@ -1,0 +1,182 @@
+"""Upstream's decode / prefill runners with deferred capture and eager-fallback logging.
+
+Upstream captures inside each runner's constructor, prefill before decode. Layerwise needs every
+size of both phases warmed (JIT compiles, autotuning, version probes) before the first graph is
+captured, so that the traps can be armed for the whole capture. So the first `capture()` (from
+the constructor) runs the runner's own capture loop with the backend in "warm" mode (eager
+forwards at every size, through exactly the code path the capture will take), and
+`finish_layerwise_capture()` (from runner.startup, once both runners exist) runs it again for
+real. Until then, and for sizes that were dropped or not planned, batches run eagerly, with one
+log line per size.
+"""
+from __future__ import annotations
+
+import atexit
+import json
+import logging
+import sys
+import time
+
+import torch
+
+from sglang.srt.model_executor.runner.decode_cuda_graph_runner import DecodeCudaGraphRunner
+from sglang.srt.model_executor.runner.prefill_cuda_graph_runner import PrefillCudaGraphRunner
+from sglang.srt.model_executor.runner_utils.capture_mode import model_capture_mode
+
+from . import startup
+from .layerwise import EagerFallbackLog, describe_sizes
+from .sizes import pad_to_bucket
+
+logger = logging.getLogger(__name__)
+
+CAPTURE_TAG = "SM120_LAYERWISE_CAPTURE"
+HOST_TAG = "SM120_LAYERWISE_HOST"
+
+
+def _free_bytes(device_module) -> int:
+    device_module.synchronize()
+    free, _ = torch.cuda.mem_get_info()
+    return free
+
+
+class _DeferredCaptureMixin:
+    _lw_started = False
+    _lw_finished = False
+
+    def _lw_capture(self, real_capture) -> None:
+        if not self._lw_started:
+            self.backend.mode = "warm"
+            real_capture()
+            self._lw_warm_eager_paths()
+            startup.register(self.model_runner, self)
+            return
+        self.backend.mode = "capture"
+        real_capture()
+
+    def _lw_finish(self, run) -> None:
+        self._lw_started = True
+        tic = time.perf_counter()
+        before = _free_bytes(self.device_module)
+        run()
+        after = _free_bytes(self.device_module)
+        self._lw_finished = True
+        self._lw_apply_servable()
+        report = self.backend.report()
+        report.update(elapsed_s=round(time.perf_counter() - tic, 3), mem_bytes=before - after)
+        logger.info(
+            "layerwise %s capture: %.2f s, %.3f GB; full %s, layerwise %s, dropped %s, "
+            "%d segments per layerwise size, staging %.1f MB",
+            report["phase"], report["elapsed_s"], report["mem_bytes"] / 2**30,
+            describe_sizes(report.get("full", [])), describe_sizes(report.get("layerwise", [])),
+            report.get("dropped", []), report["segments_per_size"], report["staging_bytes"] / 2**20,
+        )
+        print(f"{CAPTURE_TAG} {json.dumps(report)}", file=sys.stderr, flush=True)
+        if self.backend._timing:
+            atexit.register(self._lw_print_host_stats)
+
+    def _lw_print_host_stats(self) -> None:
+        stats = [
+            {"size": getattr(k, "size", k), "step_host_us": round(s * 1e6, 2), "replays": n}
+            for k, s, n in self.backend.host_stats()
+        ]
+        print(
+            f"{HOST_TAG} {json.dumps({'phase': self.backend.phase, 'sizes': stats})}",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    def _lw_servable(self):
+        return self.backend.servable_sizes()
+
+    def _lw_warm_eager_paths(self) -> None:
+        """Eager code paths that serve the batches graphs cannot take (warmed before the traps
+        arm, so a fallback does not JIT-compile at serving time)."""
+
+
+class LayerwiseDecodeRunner(_DeferredCaptureMixin, DecodeCudaGraphRunner):
+    phase = "decode"
+
+    def __init__(self, model_runner, **kwargs):
+        self._lw_eager_log = EagerFallbackLog("decode")
+        super().__init__(model_runner, **kwargs)
+
+    def capture(self) -> None:
+        self._lw_capture(super().capture)
+
+    def finish_layerwise_capture(self) -> None:
+        def run():
+            with model_capture_mode():
+                self.capture()
+
+        self._lw_finish(run)
+
+    def _lw_apply_servable(self) -> None:
+        sizes = self._lw_servable()
+        if sizes:
+            self.capture_bs = sizes
+            self.max_bs = max(sizes)
+
+    def can_run_graph(self, forward_batch) -> bool:
+        bs = forward_batch.batch_size
+        if not self._lw_finished or not self.capture_bs:
+            self._lw_eager_log.note(bs, "layerwise decode graphs are not captured")
+            return False
+        ok = super().can_run_graph(forward_batch)
+        if not ok:
+            padded = pad_to_bucket(bs, self.capture_bs)
+            reason = (
+                f"above the largest captured batch size {self.capture_bs[-1]}"
+                if padded is None
+                else "the batch is not graphable (upstream check)"
+            )
+            self._lw_eager_log.note(bs, reason)
+        return ok
+
+
+class LayerwisePrefillRunner(_DeferredCaptureMixin, PrefillCudaGraphRunner):
+    phase = "prefill"
+
+    def __init__(self, model_runner, **kwargs):
+        self._lw_eager_log = EagerFallbackLog("prefill")
+        super().__init__(model_runner, **kwargs)
+
+    def capture(self) -> None:
+        self._lw_capture(super().capture)
+
+    def finish_layerwise_capture(self) -> None:
+        self._lw_finish(self.capture)
+
+    def _lw_warm_eager_paths(self) -> None:
+        # A prefill with more requests than request slots runs eagerly, with the attention
+        # backend's eager (e.g. FlashInfer ragged) plan: run that path at every bucket size once.
+        if not self._is_full_backend:
+            return  # attention-break mode: its warm pass already ran attention eagerly
+        for num_tokens in sorted(self.capture_num_tokens, reverse=True):
+            self._run_dummy_forward(num_tokens)
+        self.device_module.synchronize()
+
+    def _lw_apply_servable(self) -> None:
+        sizes = self._lw_servable()
+        if sizes:
+            self.capture_num_tokens = sizes
+            self.max_num_tokens = max(sizes)
+
+    def can_run_graph(self, forward_batch) -> bool:
+        n = len(forward_batch.input_ids) if forward_batch.input_ids is not None else 0
+        if not self._lw_finished or not self.capture_num_tokens:
+            self._lw_eager_log.note(n, "layerwise prefill graphs are not captured")
+            return False
+        ok = super().can_run_graph(forward_batch)
+        if not ok:
+            self._lw_eager_log.note(n, self._why_eager(forward_batch, n))
+        return ok
+
+    def _why_eager(self, forward_batch, n: int) -> str:
+        if self._is_full_backend and forward_batch.batch_size > self._capture_req_slots:
+            return f"{forward_batch.batch_size} requests > {self._capture_req_slots} request slots"
+        padded = pad_to_bucket(n, self.capture_num_tokens)
+        if padded is None:
+            return f"above the largest captured bucket {self.capture_num_tokens[-1]} tokens"
+        if padded > 2 * n:
+            return f"padding {n} tokens to bucket {padded} would more than double the work"
+        return "the batch is not graphable (upstream check)"

@@ -1,0 +1,41 @@
+"""Finishing layerwise capture once every runner of a model runner has warmed up.
+
+Runners register themselves after their warm pass; `finish(model_runner)` (called from
+capture_cuda_graphs right after the decode runner is built, patch 0104) arms the traps when
+SGLANG_SM120_TRAPS asks for them and then captures prefill (the larger token counts first, so
+decode reuses its pool memory) and decode.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Dict, List
+
+from .. import traps
+
+logger = logging.getLogger(__name__)
+
+_PENDING: Dict[int, List] = {}
+_ORDER = {"prefill": 0, "decode": 1}
+
+
+def register(model_runner, runner) -> None:
+    _PENDING.setdefault(id(model_runner), []).append(runner)
+
+
+def pending(model_runner) -> List:
+    return list(_PENDING.get(id(model_runner), []))
+
+
+def finish(model_runner) -> None:
+    runners = _PENDING.pop(id(model_runner), [])
+    if not runners:
+        return
+    from .prewarm import warm_sampling
+
+    warm_sampling(model_runner)
+    if traps.arm_from_env("layerwise CUDA-graph capture"):
+        logger.info(
+            "layerwise: Dynamo/subprocess traps armed (%s)", traps.ENV_MODE
+        )
+    for runner in sorted(runners, key=lambda r: _ORDER.get(getattr(r, "phase", ""), 9)):
+        runner.finish_layerwise_capture()

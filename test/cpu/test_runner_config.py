@@ -1,0 +1,299 @@
+"""Flag / config resolution of the layerwise backend.
+
+Two levels: sglang.sm120.runner.config on stand-in objects (fast, no sglang), and the real
+upstream ServerArgs with the patch series applied (patches/series), run
+in a subprocess over a patched source tree built with forkbuild from the pinned upstream wheel.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from sglang.sm120.runner import config as C
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _phase(backend, **kw):
+    base = dict(backend=backend, max_bs=None, bs=None, tc_compiler="eager",
+                full_prefill_max_req=None, layerwise_full_max_bs=None)
+    base.update(kw)
+    return SimpleNamespace(**base)
+
+
+def _args(decode="layerwise", prefill="layerwise", locked=(), **kw):
+    sa = SimpleNamespace(
+        cuda_graph_config=SimpleNamespace(
+            decode=_phase(decode, max_bs=256, bs=list(range(1, 257))),
+            prefill=_phase(prefill, max_bs=8192, bs=list(range(4, 8193, 4))),
+        ),
+        _cuda_graph_config_locked=set(locked),
+        device="cuda", chunked_prefill_size=8192, max_running_requests=None,
+        cuda_graph_layerwise_every_size=False, cuda_graph_tc_compiler=None,
+    )
+    for k, v in kw.items():
+        setattr(sa, k, v)
+    return sa
+
+
+@pytest.fixture(autouse=True)
+def _clean_env(monkeypatch):
+    monkeypatch.delenv(C.DYNAMO_FREE_ENV, raising=False)
+    monkeypatch.delenv(C.FLASHINFER_WORKSPACE_ENV, raising=False)
+
+
+def test_finalize_default_plans_both_phases():
+    sa = _args()
+    res = C.finalize(sa)
+    dec, pre = sa.cuda_graph_config.decode, sa.cuda_graph_config.prefill
+    assert dec.layerwise_full_max_bs == 256 and dec.max_bs == 1024 and dec.bs[-1] == 1024
+    assert res.decode.full_sizes[-1] == 256 and res.decode.layerwise_sizes[0] == 288
+    assert pre.bs[-1] == 8192 and len(pre.bs) < 25 and pre.full_prefill_max_req == 64
+    assert os.environ[C.DYNAMO_FREE_ENV] == "1"
+
+
+def test_finalize_every_size_and_explicit_ceiling():
+    sa = _args(cuda_graph_layerwise_every_size=True)
+    C.finalize(sa)
+    assert sa.cuda_graph_config.decode.layerwise_full_max_bs == 0
+    sa = _args(locked={("decode", "layerwise_full_max_bs")})
+    sa.cuda_graph_config.decode.layerwise_full_max_bs = 64
+    res = C.finalize(sa)
+    assert res.decode.full_max_bs == 64 and res.decode.full_sizes[-1] == 64
+
+
+def test_finalize_operator_max_bs_is_the_top_and_running_requests_cap_it():
+    sa = _args(locked={("decode", "max_bs")})
+    sa.cuda_graph_config.decode.max_bs = 512
+    res = C.finalize(sa)
+    assert res.decode.max_bs == 512 and res.decode.full_max_bs == C.DEFAULT_FULL_CEILING
+    sa = _args(max_running_requests=300)
+    res = C.finalize(sa)
+    assert res.decode.max_bs == 300
+
+
+def test_finalize_legacy_prefill_tokens_are_the_buckets(caplog):
+    sa = _args(locked={("prefill", "bs"), ("prefill", "tc_compiler")}, cuda_graph_tc_compiler="inductor")
+    sa.cuda_graph_config.prefill.bs = [4096, 128, 1024]
+    with caplog.at_level("WARNING"):
+        res = C.finalize(sa)
+    assert res.prefill.buckets == (128, 1024, 4096)
+    assert "ignored by the layerwise backend" in caplog.text
+
+
+def test_finalize_falls_back_per_phase_on_unsupported_features(caplog):
+    sa = _args(enable_torch_compile=True)
+    with caplog.at_level("WARNING"):
+        res = C.finalize(sa)
+    assert sa.cuda_graph_config.decode.backend == "full"
+    assert sa.cuda_graph_config.prefill.backend != "layerwise"
+    assert res.decode is None and res.prefill is None
+    assert "--enable-torch-compile" in caplog.text
+    assert C.DYNAMO_FREE_ENV not in os.environ
+
+
+def test_finalize_ignores_other_backends():
+    sa = _args(decode="full", prefill="breakable")
+    assert C.finalize(sa) is None
+    assert sa.cuda_graph_config.decode.bs == list(range(1, 257))
+
+
+def test_flashinfer_workspace_formula_explains_the_measured_overflow():
+    # Qwen3-30B-A3B, one GPU: 32 q heads, 4 kv heads, head_dim 128, decode bs 1024. REFERENCE.md:
+    # "Buffer overflow ... batch_prefill_tmp_s ... only 262144 bytes available" in 384 MiB.
+    heads, tiles, cta, hd = 32, (1024 * 8 // 16) + 1024 - 1, 16, 128
+    tmp_v = heads * tiles * cta * hd * 4
+    assert C.FLASHINFER_DEFAULT_WORKSPACE - tmp_v == 262144
+    need = C.flashinfer_decode_workspace_bytes(1024, 32, 4, 128)
+    assert need >= 1.25 * (tmp_v + heads * tiles * cta * 4) and need % (64 << 20) == 0
+    assert C.flashinfer_decode_workspace_bytes(256, 32, 4, 128) < C.FLASHINFER_DEFAULT_WORKSPACE
+
+
+def _enable(ns):  # what --enable-piecewise-cuda-graph's action does (sglang.sm120.server_flags)
+    C.select_layerwise_for_unset_phases(ns)
+
+
+def _disable_prefill(ns):  # upstream's --disable-piecewise-cuda-graph
+    ns.cuda_graph_backend_prefill = "disabled"
+
+
+def _decode_full(ns):  # --cuda-graph-backend-decode full
+    ns.cuda_graph_backend_decode = "full"
+
+
+@pytest.mark.parametrize(
+    "others, want",
+    [
+        ([], ("layerwise", "layerwise")),
+        ([_disable_prefill], ("layerwise", "disabled")),
+        ([_decode_full], ("full", "layerwise")),
+    ],
+)
+def test_enable_piecewise_selects_unset_phases_in_any_order(others, want):
+    for actions in ([_enable] + others, others + [_enable]):
+        ns = argparse.Namespace(cuda_graph_backend_decode=None, cuda_graph_backend_prefill=None)
+        for act in actions:
+            act(ns)
+        assert (ns.cuda_graph_backend_decode, ns.cuda_graph_backend_prefill) == want
+
+
+# ------------------------------------------------------------------------------------------------
+# real ServerArgs with the series applied
+# ------------------------------------------------------------------------------------------------
+_SCENARIOS = textwrap.dedent(
+    r'''
+    import contextlib, io, json, logging, os, sys
+    records = []
+    class H(logging.Handler):
+        def emit(self, r):
+            records.append(r.getMessage())
+    from sglang.srt.server_args import prepare_server_args
+    # on the overlay's logger: sglang re-configures the root logger while resolving args
+    logging.getLogger("sglang.sm120").addHandler(H())
+    logging.getLogger("sglang.sm120").setLevel(logging.INFO)
+    model = sys.argv[1]
+    base = ["--model-path", model, "--device", "cuda", "--skip-tokenizer-init",
+            "--attention-backend", "flashinfer", "--load-format", "dummy"]
+    scenarios = {
+        "both": ["--cuda-graph-backend-decode", "layerwise", "--cuda-graph-backend-prefill", "layerwise"],
+        "every": ["--cuda-graph-backend-decode", "layerwise", "--cuda-graph-layerwise-every-size"],
+        "json": ["--cuda-graph-config", '{"decode":{"backend":"layerwise","layerwise_full_max_bs":64}}'],
+        "legacy": ["--cuda-graph-backend-prefill", "layerwise", "--piecewise-cuda-graph-tokens", "128", "1024", "4096",
+                   "--piecewise-cuda-graph-compiler", "inductor"],
+        "maxtok": ["--cuda-graph-backend-prefill", "layerwise", "--piecewise-cuda-graph-max-tokens", "2048"],
+        "disable": ["--cuda-graph-backend-decode", "layerwise", "--disable-piecewise-cuda-graph"],
+        "compile": ["--cuda-graph-backend-decode", "layerwise", "--enable-torch-compile"],
+        "alias": ["--enable-piecewise-cuda-graph"],
+        "badkey": ["--cuda-graph-config", '{"decode":{"backend":"layerwise","bogus":1}}'],
+    }
+    out = {}
+    for name, argv in scenarios.items():
+        records.clear()
+        for k in ("SGLANG_SM120_DYNAMO_FREE", "SGLANG_FLASHINFER_WORKSPACE_SIZE"):
+            os.environ.pop(k, None)
+        err = io.StringIO()
+        try:
+            with contextlib.redirect_stderr(err):
+                sa = prepare_server_args(base + argv)
+        except SystemExit as e:
+            out[name] = {"exit": e.code, "stderr": err.getvalue()[-400:]}
+            continue
+        cfg = sa.cuda_graph_config
+        out[name] = {
+            "decode": vars(cfg.decode), "prefill": vars(cfg.prefill),
+            "dynamo_free": os.environ.get("SGLANG_SM120_DYNAMO_FREE"),
+            "workspace": os.environ.get("SGLANG_FLASHINFER_WORKSPACE_SIZE"),
+            "log": list(records),
+        }
+    print("RESULT " + json.dumps(out))
+    '''
+)
+
+_QWEN3_30B_CONFIG = {
+    "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "hidden_size": 2048,
+    "num_hidden_layers": 48, "num_attention_heads": 32, "num_key_value_heads": 4, "head_dim": 128,
+    "intermediate_size": 6144, "moe_intermediate_size": 768, "num_experts": 128,
+    "num_experts_per_tok": 8, "vocab_size": 151936, "max_position_embeddings": 40960,
+    "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "torch_dtype": "bfloat16", "norm_topk_prob": True,
+    "decoder_sparse_step": 1, "mlp_only_layers": [], "tie_word_embeddings": False,
+    "hidden_act": "silu", "attention_bias": False,
+}
+
+
+def _patch_names():
+    from forkbuild.patches import read_series
+
+    return read_series(REPO / "patches")
+
+
+@pytest.fixture(scope="module")
+def patched_tree(tmp_path_factory):
+    sys.path.insert(0, str(REPO))
+    try:
+        from forkbuild.build import patched_members
+        from forkbuild.patches import parse_patch
+        from forkbuild.tree import pinned_upstream
+
+        try:
+            members = pinned_upstream()
+        except Exception as e:  # noqa: BLE001
+            pytest.fail(f"pinned upstream wheel unavailable (needs PyPI or SGLANG_UPSTREAM_WHEEL): {e}")
+        patches = [parse_patch(n, (REPO / "patches" / n).read_text()) for n in _patch_names()]
+        changed = patched_members(members, patches)
+    finally:
+        sys.path.remove(str(REPO))
+    root = tmp_path_factory.mktemp("patched") / "python"
+    for name, m in members.items():
+        if name.startswith("sglang/"):
+            dest = root / name
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            dest.write_bytes(changed[name].encode() if name in changed else m.data)
+    (root / "sglang" / "sm120").symlink_to(REPO / "python" / "sglang" / "sm120")
+    model = tmp_path_factory.mktemp("qwen3_30b_shapes")
+    (model / "config.json").write_text(json.dumps(_QWEN3_30B_CONFIG))
+    return root, model
+
+
+@pytest.fixture(scope="module")
+def scenarios(patched_tree):
+    root, model = patched_tree
+    env = dict(os.environ, PYTHONPATH=str(root), CUDA_VISIBLE_DEVICES="")
+    env.pop("SGLANG_SM120_DYNAMO_FREE", None)
+    proc = subprocess.run(
+        [sys.executable, "-c", _SCENARIOS, str(model)],
+        env=env, capture_output=True, text=True, timeout=600,
+    )
+    line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")), None)
+    assert line, f"scenario script failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
+    return json.loads(line[len("RESULT "):])
+
+
+def test_server_args_layerwise_both_phases(scenarios):
+    r = scenarios["both"]
+    dec, pre = r["decode"], r["prefill"]
+    assert dec["backend"] == pre["backend"] == "layerwise"
+    full = [s for s in dec["bs"] if s <= dec["layerwise_full_max_bs"]]
+    assert full[:5] == [1, 2, 4, 8, 12] and dec["bs"][-1] == dec["max_bs"] == 1024
+    assert pre["bs"][-1] == pre["max_bs"] and pre["full_prefill_max_req"] >= 16
+    assert r["dynamo_free"] == "1"
+    assert int(r["workspace"]) >= C.flashinfer_decode_workspace_bytes(1024, 32, 4, 128)
+    assert any("layerwise CUDA graphs: decode full graphs" in m for m in r["log"])
+
+
+def test_server_args_every_size_and_json_ceiling(scenarios):
+    assert scenarios["every"]["decode"]["layerwise_full_max_bs"] == 0
+    assert scenarios["every"]["decode"]["bs"][0] == 1
+    assert scenarios["json"]["decode"]["layerwise_full_max_bs"] == 64
+
+
+def test_server_args_legacy_piecewise_flags(scenarios):
+    legacy = scenarios["legacy"]
+    assert legacy["prefill"]["bs"] == [128, 1024, 4096]
+    assert any("ignored by the layerwise backend" in m for m in legacy["log"])
+    assert scenarios["maxtok"]["prefill"]["bs"][-1] == 2048
+    disable = scenarios["disable"]
+    assert disable["decode"]["backend"] == "layerwise" and disable["prefill"]["backend"] == "disabled"
+
+
+def test_server_args_unsupported_feature_falls_back(scenarios):
+    r = scenarios["compile"]
+    assert r["decode"]["backend"] == "full" and r["dynamo_free"] is None
+    assert any("--enable-torch-compile" in m for m in r["log"])
+
+
+def test_server_args_bad_json_key_names_the_argument(scenarios):
+    r = scenarios["badkey"]
+    assert r["exit"] == 2 and "--cuda-graph-config" in r["stderr"] and "bogus" in r["stderr"]
+
+
+def test_server_args_enable_piecewise_selects_layerwise_for_both_phases(scenarios):
+    r = scenarios["alias"]
+    assert (r["decode"]["backend"], r["prefill"]["backend"]) == ("layerwise", "layerwise")

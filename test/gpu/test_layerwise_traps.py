@@ -1,0 +1,136 @@
+"""No Dynamo and no subprocess once capture begins: server start, capture and a mixed load run
+under the traps in raise mode (tiny qwen3_moe, bf16 and NVFP4, GPU).
+
+The server is started the way old launch scripts do it (`--enable-piecewise-cuda-graph`), with
+SGLANG_SM120_TRAPS=raise and a trap log. A mixed load follows: concurrent requests of prompt
+lengths 7..3000 (so some prefills exceed a bucket or the request slots and run eagerly), batch
+sizes up to 400, greedy and sampled (top-k/top-p/min-p) decoding. The server must stay healthy,
+every request must complete, and the trap log must stay empty.
+"""
+from __future__ import annotations
+
+import concurrent.futures as cf
+import json
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.gpu, pytest.mark.slow]
+
+MODELS = [("qwen3_moe", "bf16"), ("qwen3_moe", "nvfp4")]
+
+
+@pytest.fixture(scope="session")
+def tiny_root(tmp_path_factory) -> Path:
+    root = os.environ.get("SGLANG_SM120_TINY_DIR")
+    return Path(root) if root else tmp_path_factory.mktemp("tiny")
+
+
+def tiny_model(root: Path, arch: str, quant: str) -> Path:
+    out = root / f"{arch}-{quant}"
+    if not (out / "config.json").is_file():
+        subprocess.run(
+            [sys.executable, "-m", "sglang.sm120.tiny", "--arch", arch, "--quant", quant, "--out", str(out)],
+            check=True,
+            timeout=1200,
+        )
+    return out
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def post(url: str, body: dict, timeout: float = 600):
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=timeout) as r:
+        return json.loads(r.read())
+
+
+def wait_healthy(base: str, proc: subprocess.Popen, deadline_s: float) -> None:
+    t0 = time.time()
+    while time.time() - t0 < deadline_s:
+        if proc.poll() is not None:
+            raise AssertionError(f"server exited with {proc.returncode} during startup")
+        try:
+            with urllib.request.urlopen(base + "/health_generate", timeout=30) as r:
+                if r.status == 200:
+                    return
+        except Exception:  # noqa: BLE001 - not up yet
+            time.sleep(2)
+    raise AssertionError(f"server not healthy after {deadline_s} s")
+
+
+def mixed_load(base: str, vocab: int) -> int:
+    rng = random.Random(7)
+    jobs = []
+    for wave, (concurrency, lens) in enumerate(
+        [(1, [7]), (17, [7, 128]), (64, [128, 2000]), (400, [7, 33, 300]), (8, [3000]), (128, [2000])]
+    ):
+        for i in range(concurrency):
+            plen = rng.choice(lens)
+            sampled = (i + wave) % 3 == 0
+            params = {"max_new_tokens": rng.choice([4, 16, 40]), "ignore_eos": True}
+            params.update(
+                {"temperature": 0.8, "top_k": 20, "top_p": 0.9, "min_p": 0.02 * (i % 2)}
+                if sampled
+                else {"temperature": 0}
+            )
+            jobs.append((wave, [rng.randrange(3, vocab) for _ in range(plen)], params))
+    done = 0
+    for wave in sorted({w for w, _, _ in jobs}):
+        batch = [(ids, p) for w, ids, p in jobs if w == wave]
+        with cf.ThreadPoolExecutor(max_workers=min(len(batch), 128)) as pool:
+            futs = [pool.submit(post, base + "/generate", {"input_ids": ids, "sampling_params": p}) for ids, p in batch]
+            for f, (_, p) in zip(futs, batch):
+                out = f.result()
+                assert len(out["output_ids"]) == p["max_new_tokens"], out.get("meta_info")
+                done += 1
+    return done
+
+
+@pytest.mark.parametrize("arch,quant", MODELS, ids=[f"{a}-{q}" for a, q in MODELS])
+def test_server_capture_and_mixed_load_under_traps(arch, quant, tiny_root, tmp_path):
+    model_dir = tiny_model(tiny_root, arch, quant)
+    vocab = json.loads((model_dir / "config.json").read_text())["vocab_size"]
+    trap_log = tmp_path / "traps.jsonl"
+    log_path = tmp_path / "server.log"
+    port = free_port()
+    env = dict(os.environ, SGLANG_SM120_TRAPS="raise", SGLANG_SM120_TRAP_LOG=str(trap_log))
+    cmd = [
+        sys.executable, "-m", "sglang.launch_server", "--model-path", str(model_dir),
+        "--port", str(port), "--enable-piecewise-cuda-graph", "--attention-backend", "flashinfer",
+        "--max-running-requests", "512", "--mem-fraction-static", "0.7", "--skip-tokenizer-init",
+    ]
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        wait_healthy(base, proc, deadline_s=900)
+        done = mixed_load(base, vocab)
+        assert done > 600
+        with urllib.request.urlopen(base + "/health_generate", timeout=60) as r:
+            assert r.status == 200
+        assert proc.poll() is None, "server died under load"
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGINT)
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+        server_log = log_path.read_text() if log_path.exists() else ""
+        print(server_log[-6000:])
+    hits = [json.loads(line) for line in trap_log.read_text().splitlines()] if trap_log.exists() else []
+    assert not hits, "\n\n".join(f"{h['kind']}: {h['what']}\n{h['stack']}" for h in hits[:3])
+    assert "SM120_LAYERWISE_CAPTURE" in server_log and "traps armed" in server_log
