@@ -68,7 +68,7 @@ def test_launch_server_help_lists_restored_flag():
     assert "--cuda-graph-backend-prefill" in proc.stdout
 
 
-def test_restored_flag_selects_layerwise_and_says_so():
+def test_restored_flag_selects_breakable_prefill_and_says_so():
     code = (
         "import argparse, logging; logging.basicConfig(level=logging.WARNING)\n"
         "from sglang.srt.server_args import ServerArgs\n"
@@ -76,10 +76,9 @@ def test_restored_flag_selects_layerwise_and_says_so():
         "a = p.parse_args(['--model-path', 'm', '--enable-piecewise-cuda-graph'])\n"
         "b = p.parse_args(['--model-path', 'm'])\n"
         "c = p.parse_args(['--model-path', 'm', '--disable-piecewise-cuda-graph', '--enable-piecewise-cuda-graph'])\n"
-        "print(a.cuda_graph_backend_decode, a.cuda_graph_backend_prefill, b.cuda_graph_backend_prefill,"
-        " c.cuda_graph_backend_decode, c.cuda_graph_backend_prefill)\n"
+        "print(a.cuda_graph_backend_prefill, b.cuda_graph_backend_prefill, c.cuda_graph_backend_prefill)\n"
     )
     proc = py("-c", code)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.split()[-5:] == ["layerwise", "layerwise", "None", "layerwise", "disabled"]
-    assert "--enable-piecewise-cuda-graph: layerwise CUDA graphs (no torch.compile) for decode, prefill" in proc.stderr
+    assert proc.stdout.split()[-3:] == ["breakable", "None", "disabled"]
+    assert "--enable-piecewise-cuda-graph: selecting the Dynamo-free 'breakable'" in proc.stderr
