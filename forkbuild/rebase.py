@@ -96,11 +96,14 @@ def rebase_series(patches: list[Patch], read_old, read_new) -> list[Outcome]:
             text, n = merge_file(ours[fd.path], base[fd.path], other[fd.path])
             if n:
                 marked[fd.path] = text
-                hunks = _failing_hunks(fd, ours[fd.path]) or ["(overlapping upstream change)"]
-                for (a, b) in _conflict_regions(text):
-                    for h in hunks:
-                        conflicts.append({"file": fd.path, "hunk": h, "lines": f"{a}-{b}",
-                                          "reason": "upstream changed the lines this hunk changes"})
+                regions = ", ".join(f"{a}-{b}" for a, b in _conflict_regions(text))
+                failing = _failing_hunks(fd, ours[fd.path])
+                for h in failing or ["(all hunks' context present; upstream changed lines next to them)"]:
+                    conflicts.append({
+                        "file": fd.path, "hunk": h, "lines": regions,
+                        "reason": "upstream changed the lines this hunk changes" if failing
+                        else "upstream edits adjacent to the patch",
+                    })
             else:
                 merged[fd.path] = text
         if conflicts:
