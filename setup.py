@@ -13,6 +13,11 @@ import sys
 import tarfile
 from pathlib import Path
 
+if sys.version_info < (3, 11):
+    print(f"error: Python {sys.version_info[0]}.{sys.version_info[1]} is not supported: "
+          "the sglang-sm120 build needs CPython 3.11, 3.12 or 3.13", file=sys.stderr)
+    raise SystemExit(1)
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from forkbuild.errors import BuildError  # noqa: E402

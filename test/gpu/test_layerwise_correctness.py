@@ -15,11 +15,10 @@ from __future__ import annotations
 import json
 import os
 import random
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from tinymodels import tiny_model, tiny_root  # noqa: F401 (fixture)
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow]
 
@@ -41,21 +40,6 @@ MODES = {
 CAPTURE_TAG = "SM120_LAYERWISE_CAPTURE"
 
 
-@pytest.fixture(scope="session")
-def tiny_root(tmp_path_factory) -> Path:
-    root = os.environ.get("SGLANG_SM120_TINY_DIR")
-    return Path(root) if root else tmp_path_factory.mktemp("tiny")
-
-
-def tiny_model(root: Path, arch: str, quant: str) -> Path:
-    out = root / f"{arch}-{quant}"
-    if not (out / "config.json").is_file():
-        subprocess.run(
-            [sys.executable, "-m", "sglang.sm120.tiny", "--arch", arch, "--quant", quant, "--out", str(out)],
-            check=True,
-            timeout=1200,
-        )
-    return out
 
 
 def request_groups(vocab: int):

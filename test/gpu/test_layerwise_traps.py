@@ -19,30 +19,15 @@ import subprocess
 import sys
 import time
 import urllib.request
-from pathlib import Path
 
 import pytest
+from tinymodels import tiny_model, tiny_root  # noqa: F401 (fixture)
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow]
 
 MODELS = [("qwen3_moe", "bf16"), ("qwen3_moe", "nvfp4")]
 
 
-@pytest.fixture(scope="session")
-def tiny_root(tmp_path_factory) -> Path:
-    root = os.environ.get("SGLANG_SM120_TINY_DIR")
-    return Path(root) if root else tmp_path_factory.mktemp("tiny")
-
-
-def tiny_model(root: Path, arch: str, quant: str) -> Path:
-    out = root / f"{arch}-{quant}"
-    if not (out / "config.json").is_file():
-        subprocess.run(
-            [sys.executable, "-m", "sglang.sm120.tiny", "--arch", arch, "--quant", quant, "--out", str(out)],
-            check=True,
-            timeout=1200,
-        )
-    return out
 
 
 def free_port() -> int:
