@@ -1,0 +1,30 @@
+"""Which NVFP4 GEMM backend `--fp4-gemm-backend auto` picks in the fork.
+
+On SM120 the fork's own kernels (`sm120`) when their library loads; everywhere else upstream's
+choice stands (None). On SM90 they stay selectable by name, instead of Marlin.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Optional
+
+logger = logging.getLogger(__name__)
+
+
+def auto_backend_choice() -> Optional[str]:
+    try:
+        import torch
+    except ImportError:
+        return None
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 12:
+        return None
+    from sglang.sm120 import kernels
+
+    try:
+        kernels.load()
+    except RuntimeError as e:
+        logger.warning("SM120 GPU but the sglang-sm120 kernel library is not loadable (%s); "
+                       "NVFP4 GEMMs use upstream's backend", e)
+        return None
+    logger.info("NVFP4 GEMM backend: sm120 (fork kernels) on this SM120 GPU")
+    return "sm120"
