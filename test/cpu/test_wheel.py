@@ -118,3 +118,22 @@ def _series():
     from forkbuild.patches import load_series
 
     return load_series(REPO / "patches")
+
+
+def test_pip_install_dot_builds_and_installs_the_fork(tmp_path):
+    """`pip install .` goes through the PEP 517 backend (build isolation included)."""
+    import subprocess
+    import sys
+
+    repo = scratch_repo(tmp_path / "repo")
+    target = tmp_path / "site"
+    proc = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--no-deps", "--no-index", "--target", str(target), str(repo)],
+        capture_output=True, text=True, timeout=600,
+        env={**os.environ, "SGLANG_SM120_KERNELS": "0", "SGLANG_UPSTREAM_WHEEL": str(pinned_wheel())},
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    pin = load_pin()
+    assert (target / f"sglang-{pin.fork_version}.dist-info" / "METADATA").is_file()
+    assert (target / "sglang" / "sm120" / "_build_info.py").is_file()
+    assert "sglang.sm120._build_info" in (target / "sglang" / "version.py").read_text()
