@@ -48,6 +48,7 @@ def _args(decode="layerwise", prefill="layerwise", locked=(), **kw):
 def _clean_env(monkeypatch):
     monkeypatch.delenv(C.DYNAMO_FREE_ENV, raising=False)
     monkeypatch.delenv(C.FLASHINFER_WORKSPACE_ENV, raising=False)
+    C._ENV_BEFORE.clear()
 
 
 def test_finalize_default_plans_both_phases():
@@ -98,6 +99,39 @@ def test_finalize_falls_back_per_phase_on_unsupported_features(caplog):
     assert res.decode is None and res.prefill is None
     assert "--enable-torch-compile" in caplog.text
     assert C.DYNAMO_FREE_ENV not in os.environ
+
+
+def test_env_switches_follow_the_latest_server_args():
+    """The first H200 run: the graphs-disabled reference ran before the layerwise engine, so it
+    used torch.compile'd MoE helpers while layerwise used the eager ones, and every later engine
+    in the process inherited SGLANG_SM120_DYNAMO_FREE=1. The env must follow each ServerArgs."""
+    C.finalize(_args())
+    assert os.environ[C.DYNAMO_FREE_ENV] == "1"
+    assert C.finalize(_args(decode="disabled", prefill="disabled")) is None
+    assert C.DYNAMO_FREE_ENV not in os.environ
+    C.finalize(_args())
+    assert os.environ[C.DYNAMO_FREE_ENV] == "1"
+    C.finalize(_args(enable_torch_compile=True))  # both phases fall back: not layerwise
+    assert C.DYNAMO_FREE_ENV not in os.environ
+
+
+def test_env_switches_keep_the_operators_values(monkeypatch):
+    monkeypatch.setenv(C.DYNAMO_FREE_ENV, "1")
+    monkeypatch.setenv(C.FLASHINFER_WORKSPACE_ENV, str(64 << 20))
+    sa = _args()
+    sa.get_attention_backends = lambda: ("flashinfer", "flashinfer")
+    sa.use_mla_backend = lambda: False
+    sa.get_model_config = lambda: SimpleNamespace(hf_config=SimpleNamespace(
+        num_attention_heads=32, num_key_value_heads=4, head_dim=128, hidden_size=4096))
+    C.finalize(sa)
+    assert int(os.environ[C.FLASHINFER_WORKSPACE_ENV]) > 64 << 20  # grown for bs 1024
+    C.finalize(_args(decode="full", prefill="breakable"))
+    assert os.environ[C.DYNAMO_FREE_ENV] == "1"
+    assert os.environ[C.FLASHINFER_WORKSPACE_ENV] == str(64 << 20)
+    C.finalize(sa)
+    monkeypatch.setenv(C.FLASHINFER_WORKSPACE_ENV, "123")  # changed by someone else since
+    C.finalize(_args(decode="disabled", prefill="disabled"))
+    assert os.environ[C.FLASHINFER_WORKSPACE_ENV] == "123"
 
 
 def test_finalize_ignores_other_backends():

@@ -166,8 +166,35 @@ def _maybe_grow_flashinfer_workspace(sa, max_bs: int) -> Optional[int]:
     current = int(os.environ.get(FLASHINFER_WORKSPACE_ENV, FLASHINFER_DEFAULT_WORKSPACE))
     if need <= current:
         return None
-    os.environ[FLASHINFER_WORKSPACE_ENV] = str(need)
+    _set_env(FLASHINFER_WORKSPACE_ENV, str(need))
     return need
+
+
+# Values the process environment had before finalize() first changed a key, so that a later
+# ServerArgs without layerwise (a second Engine in the same process, e.g. the graphs-disabled
+# reference of the GPU correctness test) gets the environment it would have had: the first H200
+# run compared layerwise against a reference whose env depended on engine order.
+_ENV_BEFORE: dict = {}  # key -> (value before finalize changed it, value finalize set)
+_UNSET = object()
+
+
+def _set_env(key: str, value: str) -> None:
+    before = _ENV_BEFORE[key][0] if key in _ENV_BEFORE else os.environ.get(key, _UNSET)
+    _ENV_BEFORE[key] = (before, value)
+    os.environ[key] = value
+
+
+def restore_env() -> None:
+    """Undo the environment changes finalize() made in this process. A key someone else changed
+    since (the operator, a test) is left alone."""
+    for key, (before, ours) in _ENV_BEFORE.items():
+        if os.environ.get(key) != ours:
+            continue
+        if before is _UNSET:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = before
+    _ENV_BEFORE.clear()
 
 
 def _locked(sa) -> set:
@@ -175,6 +202,8 @@ def _locked(sa) -> set:
 
 
 def finalize(sa) -> Optional[Resolution]:
+    # Env switches are recomputed from this ServerArgs alone (scheduler processes inherit them).
+    restore_env()
     cfg = _get(sa, "cuda_graph_config")
     if cfg is None:
         return None
@@ -252,7 +281,7 @@ def finalize(sa) -> Optional[Resolution]:
         pre.full_prefill_max_req = prefill_plan.req_slots
 
     if decode_plan or prefill_plan:
-        os.environ[DYNAMO_FREE_ENV] = "1"
+        _set_env(DYNAMO_FREE_ENV, "1")
         logger.info(
             "layerwise CUDA graphs: decode %s, prefill %s",
             _describe_decode(decode_plan),

@@ -146,6 +146,16 @@ class LayerwisePrefillRunner(_DeferredCaptureMixin, PrefillCudaGraphRunner):
     def finish_layerwise_capture(self) -> None:
         self._lw_finish(self.capture)
 
+    def _uses_eager_prefill_tail(self) -> bool:
+        # Upstream decides this from the backend *name* (breakable / full). Both layerwise
+        # prefill backends subclass those and must take the same path: capture the transformer
+        # body only (layer_model.forward) and run LM head + logits processor eagerly on the real
+        # batch. Without this the name 'layerwise' selected the tc_piecewise path: the LM head
+        # and logits processor were captured with the dummy batch's request slots (other GEMM
+        # shapes than eager, so other rounding: first-token flips on the H200), and every
+        # return_logprob prefill silently ran eagerly.
+        return True
+
     def _lw_warm_eager_paths(self) -> None:
         # A prefill with more requests than request slots runs eagerly, with the attention
         # backend's eager (e.g. FlashInfer ragged) plan: run that path at every bucket size once.

@@ -1,0 +1,83 @@
+"""The GPU correctness test's bookkeeping: pairing, near-tie classification, the table.
+
+The first H200 run reported 'bs=1 ... prompt=0' for every bs=1 divergence (the index inside a
+one-prompt group) and could not tell a near-tie flip from a real mismatch. These run the GPU
+test's own functions on synthetic engine outputs.
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "gpu"))
+C = pytest.importorskip("test_layerwise_correctness")
+
+
+def _gen(tokens, lps, tops):
+    return C.Gen(list(tokens), list(lps), [dict(t) for t in tops])
+
+
+def _meta(tokens, lps, tops):
+    return {
+        "output_ids": list(tokens),
+        "meta_info": {
+            "output_token_logprobs": [(lp, t, None) for t, lp in zip(tokens, lps)],
+            "output_top_logprobs": [[(lp, t, None) for t, lp in top.items()] for top in tops],
+        },
+    }
+
+
+def test_parse_output_reads_sglang_meta_info_and_checks_ids():
+    tops = [{5: -0.1, 6: -2.0}, {7: -0.3, 5: -1.5}]
+    g = C.parse_output(_meta([5, 7], [-0.1, -0.3], tops))
+    assert g.tokens == [5, 7] and g.logprobs == [-0.1, -0.3] and g.top == tops
+    bad = _meta([5, 7], [-0.1, -0.3], tops)
+    bad["output_ids"] = [5, 8]
+    with pytest.raises(AssertionError):
+        C.parse_output(bad)
+
+
+def test_classify_identical_flip_and_mismatch():
+    ref = _gen([1, 2, 3], [-0.5, -0.7, -0.1], [{1: -0.5, 9: -3}, {2: -0.7, 4: -0.8}, {3: -0.1, 4: -4}])
+    same = _gen([1, 2, 3], [-0.52, -0.7, -0.1], ref.top)
+    v = C.classify(ref, same, 0.25)
+    assert v.kind == "identical" and abs(v.max_abs_delta - 0.02) < 1e-9
+    # token 1: ref prefers 2 over 4 by 0.1 nats, the other run prefers 4 over 2 by 0.05: a tie
+    flip = _gen([1, 4, 3], [-0.5, -0.74, -0.1], [{1: -0.5}, {4: -0.74, 2: -0.79}, {3: -0.1}])
+    v = C.classify(ref, flip, 0.25)
+    assert (v.kind, v.position) == ("flip", 1) and abs(v.gap - 0.1) < 1e-9
+    assert C.classify(ref, flip, 0.05).kind == "mismatch"
+    # a token outside the reference's top-k: at least the top-1 minus the last listed logprob
+    far = _gen([9, 2, 3], [-0.4, -0.7, -0.1], [{9: -0.4, 1: -0.6}, {2: -0.7}, {3: -0.1}])
+    v = C.classify(ref, far, 0.25)
+    assert v.kind == "mismatch" and v.position == 0 and v.gap >= 2.5
+    assert C.classify(ref, _gen([1, 2], [-0.5, -0.7], ref.top[:2]), 0.25).kind == "mismatch"
+
+
+def test_compare_groups_pairs_by_group_and_request_and_labels_both():
+    ref_a = _gen([1], [-0.1], [{1: -0.1, 2: -5}])
+    ref_b = _gen([2], [-0.1], [{2: -0.1, 1: -5}])
+    groups = [(1, 7, [[0]]), (1, 7, [[0]]), (2, 7, [[0], [0]])]
+    reference = [[ref_a], [ref_b], [ref_a, ref_b]]
+    got = [[ref_a], [ref_a], [ref_a, ref_b]]  # group 1 got group 0's answer
+    cells = C.compare_groups(groups, reference, got, 0.25)
+    assert (cells[(1, 7)].identical, cells[(1, 7)].mismatches) == (1, 1)
+    assert cells[(1, 7)].examples == ["group=1 bs=1 len=7 req=0 mismatch at token 0 (gap 4.9)"]
+    assert cells[(2, 7)].identical == 2
+    with pytest.raises(AssertionError):
+        C.compare_groups(groups, reference, got[:2], 0.25)
+    with pytest.raises(AssertionError):
+        C.compare_groups(groups, reference, [[ref_a], [ref_a], [ref_a]], 0.25)
+    table = C.render_table("t", {"disabled-repeat": cells, "layerwise": cells})
+    assert "    1     7 layerwise             1      0     1" in table
+
+
+def test_mode_kwargs_control_and_layerwise():
+    assert C.mode_kwargs("full", "qwen3_moe") == dict(
+        cuda_graph_backend_decode="full", cuda_graph_backend_prefill="full"
+    )
+    assert "cuda_graph_backend_prefill" not in C.mode_kwargs("full", "deepseek_v2")
+    assert C.mode_kwargs("every_size", "qwen3_moe")["cuda_graph_layerwise_every_size"] is True
+    assert C.mode_kwargs("disabled", "x")["cuda_graph_backend_decode"] == "disabled"
