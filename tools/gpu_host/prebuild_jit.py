@@ -1,0 +1,63 @@
+#!/usr/bin/env python3
+"""Pre-build upstream sglang's JIT CUDA modules for a GPU architecture, on a machine without a GPU.
+
+Upstream 0.5.16 compiles some kernels with nvcc at first use (sglang.jit_kernel via tvm-ffi). On
+SM90 the NVFP4 path runs through Marlin, whose single translation unit takes ~6 minutes to
+compile (measured on this project's 2-core build machine: gptq_marlin 350 s), so a fresh GPU host
+spends its first NVFP4 forward compiling. The cache is keyed on module sources, architecture and
+tvm-ffi version, so a folder built here is reused as is on the host:
+
+    python tools/gpu_host/prebuild_jit.py --arch 9.0a --out .jitcache     # here (needs nvcc + the fork installed)
+    TVM_FFI_CACHE_DIR=$PWD/.jitcache python -m sglang.launch_server ...   # there
+
+Run it with the interpreter that has the fork (or upstream sglang) installed.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+# Modules the NVFP4 (ModelOpt) path uses on SM80-SM90: linear layers and MoE through Marlin.
+MODULES = {
+    "gptq_marlin_repack": ("sglang.jit_kernel.gptq_marlin_repack", "_jit_gptq_marlin_repack_module", ()),
+    "gptq_marlin_bf16": ("sglang.jit_kernel.gptq_marlin", "_jit_gptq_marlin_module", ("bfloat16",)),
+    "moe_wna16_marlin_bf16": ("sglang.jit_kernel.moe_wna16_marlin", "_jit_moe_wna16_marlin_module", ("bfloat16",)),
+}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--arch", default="9.0a", help="compute capability with suffix, e.g. 9.0a or 12.0f")
+    ap.add_argument("--out", required=True, help="cache folder (becomes TVM_FFI_CACHE_DIR on the host)")
+    ap.add_argument("--modules", nargs="+", choices=sorted(MODULES), default=sorted(MODULES))
+    a = ap.parse_args(argv)
+    try:
+        major, rest = a.arch.split(".")
+        minor, suffix = rest[0], rest[1:]
+        major, minor = int(major), int(minor)
+    except ValueError:
+        print(f"error: --arch {a.arch!r}: expected MAJOR.MINOR[suffix], e.g. 9.0a", file=sys.stderr)
+        return 2
+    os.makedirs(a.out, exist_ok=True)
+    os.environ["TVM_FFI_CACHE_DIR"] = os.path.abspath(a.out)
+    import importlib
+
+    import torch
+    from sglang.jit_kernel.utils.arch import override_jit_cuda_arch
+
+    start = time.time()
+    with override_jit_cuda_arch(major, minor, suffix):
+        for name in a.modules:
+            mod, fn, args = MODULES[name]
+            t = time.time()
+            print(f"[prebuild_jit] {name} for sm_{major}{minor}{suffix} ...", flush=True)
+            getattr(importlib.import_module(mod), fn)(*(getattr(torch, x) for x in args))
+            print(f"[prebuild_jit] {name}: {time.time() - t:.0f} s", flush=True)
+    print(f"[prebuild_jit] done in {time.time() - start:.0f} s -> {a.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
