@@ -1,0 +1,435 @@
+"""NVFP4 GEMM at decode sizes: sm120 kernels vs torch bf16 matmul vs upstream Marlin FP4.
+
+    PYTHONPATH=python python3 benchmarks/bench_fp4_gemm.py [--quick] [--shapes NAME,...]
+
+Writes benchmarks/results/fp4-gemm-<date>.json and .md (and copies them, plus the log, to $OUT when
+set). Every time is the median of CUDA-graph replays of one op per rotating weight copy (copies
+together larger than 2x L2), divided by the number of ops. Bandwidth is bytes moved over that time,
+as a percentage of a device-to-device copy measured in the same run. The SM120 table is a roofline
+ESTIMATE (REFERENCE.md), not a measurement. The Marlin column uses upstream sglang's
+apply_fp4_marlin_linear when sglang (+ its JIT kernels) is importable; otherwise it is recorded as
+missing with the reason.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import math
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO / "python") not in sys.path:
+    sys.path.insert(0, str(REPO / "python"))
+
+
+
+def _import_overlay():
+    """This checkout's sglang.sm120 even where an sglang without it (upstream) or with an older copy
+    (an installed fork wheel) shadows python/sglang."""
+    try:
+        from sglang.sm120 import kernels, nvfp4
+        return kernels, nvfp4
+    except ImportError:
+        pass
+    import importlib
+
+    import sglang
+
+    overlay = REPO / "python" / "sglang"
+    if str(overlay) not in list(sglang.__path__):
+        sglang.__path__.insert(0, str(overlay))
+    sm120 = importlib.import_module("sglang.sm120")
+    if str(overlay / "sm120") not in list(sm120.__path__):
+        sm120.__path__.insert(0, str(overlay / "sm120"))
+    for name in [m for m in sys.modules if m.startswith("sglang.sm120.")]:
+        del sys.modules[name]
+    return importlib.import_module("sglang.sm120.kernels"), importlib.import_module("sglang.sm120.nvfp4")
+
+
+K, F = _import_overlay()
+
+MS = [1, 2, 4, 8, 16, 32, 64, 128]
+TARGET_BW_PCT = 80.0
+TARGET_VS_BF16 = 3.0
+TARGET_VS_MARLIN = 1.2
+BIG_WEIGHT_BYTES = 8 << 20
+
+# RTX PRO 6000 Blackwell roofline (REFERENCE.md): 1,792 GB/s; dense bf16 ~504 TFLOP/s (W4A16 ridge
+# ~79 rows), dense FP4 ~2.0 PFLOP/s (W4A4 ridge ~316 rows).
+SM120_BW = 1.792e12
+SM120_BF16_FLOPS = 5.04e14
+SM120_FP4_FLOPS = 2.0e15
+
+
+def shapes():
+    out = [("glm5 q_a+kv_a", 2624, 6144)]
+    for tp in (1, 4, 8):
+        out += [
+            (f"qwen3 qkv tp{tp}", 5120 // tp, 2048),
+            (f"qwen3 o_proj tp{tp}", 2048, 4096 // tp),
+            (f"glm5 q_b tp{tp}", 16384 // tp, 2048),
+            (f"glm5 kv_b tp{tp}", 28672 // tp, 512),
+            (f"glm5 o_proj tp{tp}", 6144, 16384 // tp),
+            (f"glm5 shared gate_up tp{tp}", 4096 // tp, 6144),
+            (f"glm5 shared down tp{tp}", 6144, 2048 // tp),
+        ]
+    return out
+
+
+class Log:
+    def __init__(self):
+        self.lines = []
+
+    def __call__(self, msg):
+        line = f"[{time.strftime('%H:%M:%S')}] {msg}"
+        print(line, flush=True)
+        self.lines.append(line)
+
+
+def fp4_bytes(n, k, m):
+    return 0.5625 * n * k + 2 * m * k + 2 * m * n
+
+
+def bf16_bytes(n, k, m):
+    return 2 * n * k + 2 * m * k + 2 * m * n
+
+
+_STREAM = None
+
+
+def time_ops(ops, reps):
+    """Median microseconds per op: CUDA-graph replays of all ops (one per rotating weight copy)."""
+    global _STREAM
+    if _STREAM is None:
+        _STREAM = torch.cuda.Stream()  # one capture stream: one split-K workspace for the whole run
+    stream = _STREAM
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for op in ops[:2]:
+            op()  # JIT / workspace creation on the capture stream, outside capture
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        for op in ops:
+            op()
+    graph.replay()
+    torch.cuda.synchronize()
+    times = []
+    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    for _ in range(reps):
+        e0.record()
+        graph.replay()
+        e1.record()
+        e1.synchronize()
+        times.append(e0.elapsed_time(e1) * 1e3 / len(ops))
+    del graph
+    return statistics.median(times)
+
+
+def copy_bandwidth(log):
+    n = 1 << 30
+    src = torch.empty(n, dtype=torch.uint8, device="cuda").random_(0, 255)
+    dst = torch.empty_like(src)
+    us = time_ops([lambda: dst.copy_(src)], reps=20)
+    bw = 2 * n / (us * 1e-6)
+    log(f"copy bandwidth: {bw / 1e12:.2f} TB/s (1 GiB device-to-device, read + write)")
+    return bw
+
+
+def copies_for(nbytes, l2):
+    return max(2, math.ceil(2.5 * l2 / max(nbytes, 1)))
+
+
+def load_marlin(log):
+    try:
+        from sglang.srt.layers.quantization.marlin_utils_fp4 import (  # noqa: F401
+            apply_fp4_marlin_linear, prepare_nvfp4_layer_for_marlin)
+        return (apply_fp4_marlin_linear, prepare_nvfp4_layer_for_marlin), None
+    except Exception as exc:  # ImportError, or the JIT machinery failing to import
+        reason = f"upstream sglang Marlin FP4 not importable: {type(exc).__name__}: {exc}".splitlines()[0]
+        log(reason)
+        return None, reason
+
+
+def marlin_layer(q, n, k, prepare):
+    layer = torch.nn.Module()
+    layer.weight = torch.nn.Parameter(q["weight"].clone(), requires_grad=False)
+    layer.weight_scale = torch.nn.Parameter(q["weight_scale"].clone(), requires_grad=False)
+    layer.weight_global_scale = torch.nn.Parameter(q["weight_scale_2"].reshape(()).clone(), requires_grad=False)
+    layer.output_size_per_partition = n
+    layer.input_size_per_partition = k
+    layer.params_dtype = torch.bfloat16
+    prepare(layer)
+    return layer
+
+
+def git_commit():
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True,
+                              check=True).stdout.strip()
+    except Exception:
+        return "unknown (no git checkout)"
+
+
+def bench_shape(name, n, k, ms, l2, copy_bw, marlin, reps, log):
+    torch.manual_seed(n * 31 + k)
+    w = torch.randn(n, k, device="cuda") * 0.02
+    q = F.quantize_weight_modelopt(w)
+    pw = K.pack_weight(q["weight"], q["weight_scale"], q["weight_scale_2"])
+    wbytes = 0.5625 * n * k
+    n_fp4 = copies_for(wbytes, l2)
+    n_bf16 = copies_for(2 * n * k, l2)
+    pws = [pw] + [K.PackedWeight(pw.qweight.clone(), pw.scales.clone(), pw.weight_scale_2.clone(), n, k)
+                  for _ in range(n_fp4 - 1)]
+    wb = w.to(torch.bfloat16)
+    wbs = [wb] + [wb.clone() for _ in range(n_bf16 - 1)]
+    del w
+    marlin_layers, marlin_err = None, None
+    if marlin is not None:
+        try:
+            base = marlin_layer(q, n, k, marlin[1])
+            marlin_layers = [base]
+            for _ in range(n_fp4 - 1):
+                c = torch.nn.Module()
+                c.weight, c.weight_scale = base.weight.clone(), base.weight_scale.clone()
+                c.weight_global_scale, c.workspace = base.weight_global_scale, base.workspace
+                marlin_layers.append(c)
+        except Exception as exc:
+            marlin_err = f"{type(exc).__name__}: {exc}".splitlines()[0]
+            log(f"  marlin setup failed for {name}: {marlin_err}")
+    in_s = F.input_scale_from_amax(torch.tensor(4.0)).reshape(1).cuda()
+    inv = (1.0 / in_s)
+    rows = []
+    for m in ms:
+        x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
+        r = {"shape": name, "N": n, "K": k, "M": m, "weight_fp4_bytes": int(wbytes)}
+        r["ours_us"] = time_ops([lambda p=p: K.gemm_w4a16(x, p) for p in pws], reps)
+        r["bf16_us"] = time_ops([lambda b=b: torch.nn.functional.linear(x, b) for b in wbs], reps)
+        if m >= 64:
+            r["ours_w4a4_us"] = time_ops(
+                [lambda p=p: K.gemm_w4a4(*K.quantize_nvfp4(x, inv, mma_order=True), in_s, p) for p in pws], reps)
+        if marlin_layers is not None:
+            try:
+                apply = marlin[0]
+                r["marlin_us"] = time_ops([lambda L=L: apply(input=x, weight=L.weight, weight_scale=L.weight_scale,
+                                                             weight_global_scale=L.weight_global_scale,
+                                                             workspace=L.workspace, size_n=n, size_k=k)
+                                           for L in marlin_layers], reps)
+            except Exception as exc:
+                marlin_err = f"{type(exc).__name__}: {exc}".splitlines()[0]
+                marlin_layers = None
+                log(f"  marlin failed for {name}: {marlin_err}")
+        if "marlin_us" not in r:
+            r["marlin_us"] = None
+            r["marlin_missing"] = marlin_err or "not available"
+        r["ours_bw_pct"] = 100.0 * fp4_bytes(n, k, m) / (r["ours_us"] * 1e-6) / copy_bw
+        r["bf16_bw_pct"] = 100.0 * bf16_bytes(n, k, m) / (r["bf16_us"] * 1e-6) / copy_bw
+        r["speedup_vs_bf16"] = r["bf16_us"] / r["ours_us"]
+        r["speedup_vs_marlin"] = r["marlin_us"] / r["ours_us"] if r["marlin_us"] else None
+        rows.append(r)
+        log(f"  {name:28s} M={m:4d}  ours {r['ours_us']:8.2f} us ({r['ours_bw_pct']:5.1f}% BW)  "
+            f"bf16 {r['bf16_us']:8.2f} us  x{r['speedup_vs_bf16']:.2f}  "
+            + (f"marlin {r['marlin_us']:8.2f} us x{r['speedup_vs_marlin']:.2f}" if r["marlin_us"] else "marlin n/a"))
+    del pws, wbs, marlin_layers
+    torch.cuda.empty_cache()
+    return rows
+
+
+def tune_splits(sms, reps, log):
+    """How the split-K target moves small-M times (informs the default of 2 CTAs per SM)."""
+    out = []
+    for name, n, k in [("glm5 o_proj tp8", 6144, 2048), ("qwen3 qkv tp1", 5120, 2048),
+                       ("glm5 shared gate_up tp8", 512, 6144), ("glm5 q_b tp1", 16384, 2048)]:
+        q = F.quantize_weight_modelopt(torch.randn(n, k, device="cuda") * 0.02)
+        pw = K.pack_weight(q["weight"], q["weight_scale"], q["weight_scale_2"])
+        pws = [pw] + [K.PackedWeight(pw.qweight.clone(), pw.scales.clone(), pw.weight_scale_2, n, k)
+                      for _ in range(copies_for(0.5625 * n * k, torch.cuda.get_device_properties(0).L2_cache_size) - 1)]
+        for m in (1, 16):
+            x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
+            row = {"shape": name, "M": m}
+            for mult in (1, 2, 4, 8):
+                t = mult * sms
+                row[f"target_{mult}x_sms_us"] = time_ops([lambda p=p: K.gemm_w4a16(x, p, split_target=t) for p in pws], reps)
+                row[f"target_{mult}x_sms_splits"] = K.w4a16_plan(m, n, k, sms, split_target=t)["splits"]
+            out.append(row)
+            log(f"  tune {name:24s} M={m:3d} " + " ".join(
+                f"{mult}x:{row[f'target_{mult}x_sms_us']:.2f}us/s{row[f'target_{mult}x_sms_splits']}" for mult in (1, 2, 4, 8)))
+    return out
+
+
+def sm120_estimate(n, k, m, overhead_us):
+    t_fp4 = max(fp4_bytes(n, k, m) / SM120_BW, 2 * m * n * k / SM120_BF16_FLOPS) * 1e6 + overhead_us
+    t_bf16 = max(bf16_bytes(n, k, m) / SM120_BW, 2 * m * n * k / SM120_BF16_FLOPS) * 1e6 + overhead_us
+    return t_fp4, t_bf16
+
+
+def summarize(rows, marlin_reason):
+    def pick(pred, key):
+        return [r[key] for r in rows if pred(r) and r.get(key) is not None]
+
+    bw = pick(lambda r: r["M"] <= 16 and r["weight_fp4_bytes"] >= BIG_WEIGHT_BYTES, "ours_bw_pct")
+    vs_bf16 = pick(lambda r: r["M"] <= 8, "speedup_vs_bf16")
+    vs_bf16_big = pick(lambda r: r["M"] <= 8 and r["weight_fp4_bytes"] >= BIG_WEIGHT_BYTES, "speedup_vs_bf16")
+    vs_marlin = pick(lambda r: r["M"] <= 16, "speedup_vs_marlin")
+    targets = {
+        "bw_pct_of_copy_m_le_16_weights_ge_8MB_min": {
+            "value": round(min(bw), 1) if bw else None, "target": TARGET_BW_PCT,
+            "met": bool(bw) and min(bw) >= TARGET_BW_PCT},
+        "speedup_vs_bf16_m_1_to_8_min": {
+            "value": round(min(vs_bf16), 2) if vs_bf16 else None, "target": TARGET_VS_BF16,
+            "met": bool(vs_bf16) and min(vs_bf16) >= TARGET_VS_BF16},
+        "speedup_vs_marlin_m_le_16_min": {
+            "value": round(min(vs_marlin), 2) if vs_marlin else None, "target": TARGET_VS_MARLIN,
+            "met": bool(vs_marlin) and min(vs_marlin) >= TARGET_VS_MARLIN},
+    }
+    if not vs_marlin:
+        targets["speedup_vs_marlin_m_le_16_min"]["missing"] = marlin_reason or "no Marlin measurements"
+    geo = lambda v: round(math.exp(sum(map(math.log, v)) / len(v)), 2) if v else None  # noqa: E731
+    extra = {
+        "bw_pct_m_le_16_weights_ge_8MB_median": round(statistics.median(bw), 1) if bw else None,
+        "speedup_vs_bf16_m_1_to_8_geomean": geo(vs_bf16),
+        "speedup_vs_bf16_m_1_to_8_weights_ge_8MB_min": round(min(vs_bf16_big), 2) if vs_bf16_big else None,
+        "speedup_vs_marlin_m_le_16_geomean": geo(vs_marlin),
+    }
+    return targets, extra
+
+
+def write_md(path, meta, rows, targets, extra, est, tuning):
+    L = [f"# NVFP4 GEMM benchmark ({meta['date']})", "",
+         f"- device: {meta['device']} ({meta['sm_count']} SMs, L2 {meta['l2_bytes'] >> 20} MB)",
+         f"- commit: `{meta['commit']}`", f"- command: `{meta['command']}`",
+         f"- copy bandwidth measured in this run: {meta['copy_bw_tbps']:.2f} TB/s",
+         f"- timing: median of {meta['reps']} CUDA-graph replays, rotating weight copies > 2x L2",
+         f"- Marlin: {meta['marlin']}",
+         *([f"- time budget {meta['time_budget_s']:.0f} s: skipped shapes {', '.join(meta['skipped_shapes'])}"]
+           if meta.get("skipped_shapes") else []),
+         "", "## Targets", "", "| target | value | threshold | met |", "|---|---|---|---|"]
+    for k, v in targets.items():
+        L.append(f"| {k} | {v['value']} | {v['target']} | {v['met']}{' (' + v['missing'] + ')' if v.get('missing') else ''} |")
+    L += ["", "Other figures: " + ", ".join(f"{k} = {v}" for k, v in extra.items()), "",
+          f"## Measured on {meta['device']}", "",
+          "| shape | N | K | M | ours us | BW % | bf16 us | x bf16 | Marlin us | x Marlin | W4A4 us |",
+          "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        L.append(f"| {r['shape']} | {r['N']} | {r['K']} | {r['M']} | {r['ours_us']:.2f} | {r['ours_bw_pct']:.1f} | "
+                 f"{r['bf16_us']:.2f} | {r['speedup_vs_bf16']:.2f} | "
+                 f"{'%.2f' % r['marlin_us'] if r['marlin_us'] else 'n/a'} | "
+                 f"{'%.2f' % r['speedup_vs_marlin'] if r['speedup_vs_marlin'] else 'n/a'} | "
+                 f"{'%.2f' % r['ours_w4a4_us'] if r.get('ours_w4a4_us') else ''} |")
+    L += ["", "## SM120 (RTX PRO 6000) -- ESTIMATE from the roofline, not measured", "",
+          est["note"], "", "| shape | M | est. ours us | est. bf16 us | est. x bf16 |", "|---|---|---|---|---|"]
+    for e in est["rows"]:
+        L.append(f"| {e['shape']} | {e['M']} | {e['est_ours_us']:.2f} | {e['est_bf16_us']:.2f} | {e['est_speedup_vs_bf16']:.2f} |")
+    if tuning:
+        L += ["", "## Split-K target sweep (W4A16, us per call / splits)", ""]
+        for t in tuning:
+            L.append(f"- {t['shape']} M={t['M']}: " + ", ".join(
+                f"{m}x SMs {t[f'target_{m}x_sms_us']:.2f} us ({t[f'target_{m}x_sms_splits']} splits)" for m in (1, 2, 4, 8)))
+    path.write_text("\n".join(L) + "\n")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="4 shapes, fewer replays")
+    ap.add_argument("--shapes", default="", help="comma list of shape names (substring match)")
+    ap.add_argument("--reps", type=int, default=15)
+    ap.add_argument("--no-tune", action="store_true", help="skip the split-K target sweep")
+    ap.add_argument("--results-dir", type=Path, default=REPO / "benchmarks" / "results")
+    ap.add_argument("--max-seconds", type=float, default=0.0,
+                    help="time budget: shapes not started within it are skipped (and listed in the results)")
+    args = ap.parse_args()
+    log = Log()
+    if not torch.cuda.is_available():
+        sys.exit("error: needs a CUDA GPU")
+    if not K.available():
+        sys.exit("error: libsm120_kernels.so not built: PYTHONPATH=python python3 -m forkbuild.kernels "
+                 "--out python/sglang/sm120/kernels/lib")
+    torch.backends.cuda.matmul.allow_tf32 = False
+    props = torch.cuda.get_device_properties(0)
+    l2 = props.L2_cache_size
+    date = _dt.date.today().isoformat()
+    meta = {"date": date, "device": props.name, "capability": list(torch.cuda.get_device_capability(0)),
+            "sm_count": props.multi_processor_count, "l2_bytes": l2, "torch": torch.__version__,
+            "cuda": torch.version.cuda, "commit": git_commit(),
+            "command": "PYTHONPATH=python python3 benchmarks/bench_fp4_gemm.py " + " ".join(sys.argv[1:]),
+            "kernel_archs": K.build_archs(), "reps": args.reps if not args.quick else 7}
+    log(f"device {props.name} sm_{meta['capability'][0]}{meta['capability'][1]}, {props.multi_processor_count} SMs, "
+        f"L2 {l2 >> 20} MB, kernels {meta['kernel_archs']}")
+    copy_bw = copy_bandwidth(log)
+    meta["copy_bw_tbps"] = copy_bw / 1e12
+    marlin, marlin_reason = load_marlin(log)
+    meta["marlin"] = "upstream sglang apply_fp4_marlin_linear" if marlin else f"missing: {marlin_reason}"
+    sel = shapes()
+    if args.quick:
+        sel = [s for s in sel if s[0] in ("glm5 o_proj tp1", "qwen3 qkv tp1", "glm5 shared down tp8", "glm5 q_b tp4")]
+    if args.shapes:
+        want = [w.strip() for w in args.shapes.split(",") if w.strip()]
+        sel = [s for s in sel if any(w in s[0] for w in want)]
+    rows = []
+    t0 = time.time()
+    meta["time_budget_s"] = args.max_seconds or None
+    meta["skipped_shapes"] = []
+    for name, n, k in sel:
+        if args.max_seconds and time.time() - t0 > args.max_seconds:
+            meta["skipped_shapes"].append(name)
+            log(f"time budget of {args.max_seconds:.0f} s spent: skipping {name}")
+            continue
+        try:
+            rows += bench_shape(name, n, k, MS, l2, copy_bw, marlin, meta["reps"], log)
+        except Exception:
+            log(f"FAILED {name}:\n{traceback.format_exc()}")
+            raise
+    over_budget = bool(args.max_seconds) and time.time() - t0 > args.max_seconds
+    tuning = [] if (args.no_tune or args.quick or over_budget) else tune_splits(props.multi_processor_count, meta["reps"], log)
+    targets, extra = summarize(rows, marlin_reason)
+    # SM120 estimate: roofline + the fixed per-call overhead measured here for our kernel (the smallest
+    # time at M=1 minus its bandwidth time), so tiny shapes are not credited with zero overhead.
+    m1 = [r for r in rows if r["M"] == 1]
+    overhead = max(0.0, min(r["ours_us"] - fp4_bytes(r["N"], r["K"], 1) / copy_bw * 1e6 for r in m1)) if m1 else 2.0
+    est_rows = []
+    for r in rows:
+        t4, t16 = sm120_estimate(r["N"], r["K"], r["M"], overhead)
+        est_rows.append({"shape": r["shape"], "M": r["M"], "est_ours_us": t4, "est_bf16_us": t16,
+                         "est_speedup_vs_bf16": t16 / t4})
+    est = {"label": "ESTIMATE (roofline, not measured)",
+           "note": (f"Estimate: t = max(bytes / 1.792 TB/s, 2*M*N*K / 504 TFLOP/s) + {overhead:.2f} us fixed "
+                    "overhead (measured here for our kernel at M=1); bytes = 0.5625*N*K + 2*M*K + 2*M*N "
+                    "(bf16: 2*N*K + ...). Assumes both kernels reach the roofline; no SM120 GPU was used."),
+           "fixed_overhead_us": overhead, "rows": est_rows}
+    result = {"meta": meta, "targets": targets, "summary": extra, "rows": rows, "sm120_estimate": est,
+              "split_target_sweep": tuning, "elapsed_s": round(time.time() - t0, 1)}
+    args.results_dir.mkdir(parents=True, exist_ok=True)
+    jpath = args.results_dir / f"fp4-gemm-{date}.json"
+    mpath = args.results_dir / f"fp4-gemm-{date}.md"
+    jpath.write_text(json.dumps(result, indent=1))
+    write_md(mpath, meta, rows, targets, extra, est, tuning)
+    log(f"wrote {jpath} and {mpath}")
+    print("\nSUMMARY (us per call; x = speedup of ours)")
+    print(f"{'shape':28s} {'M':>4s} {'ours':>8s} {'BW%':>6s} {'bf16':>8s} {'x':>6s} {'marlin':>8s} {'x':>6s}")
+    for r in rows:
+        if r["M"] in (1, 8, 16, 64, 128):
+            print(f"{r['shape']:28s} {r['M']:4d} {r['ours_us']:8.2f} {r['ours_bw_pct']:6.1f} {r['bf16_us']:8.2f} "
+                  f"{r['speedup_vs_bf16']:6.2f} {(r['marlin_us'] or float('nan')):8.2f} "
+                  f"{(r['speedup_vs_marlin'] or float('nan')):6.2f}")
+    print("TARGETS: " + json.dumps(targets))
+    out = os.environ.get("OUT")
+    if out:
+        Path(out).mkdir(parents=True, exist_ok=True)
+        shutil.copy(jpath, out)
+        shutil.copy(mpath, out)
+        (Path(out) / "bench_fp4_gemm.log").write_text("\n".join(log.lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()

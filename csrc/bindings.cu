@@ -1,0 +1,195 @@
+// The one binding file: a plain C ABI over the kernels (raw device pointers, sizes, the caller's
+// stream as void*, int status codes, sm120_last_error() for the message). Loaded with ctypes by
+// python/sglang/sm120/kernels/_lib.py; no torch headers, so each .cu compiles in seconds.
+//
+// Argument checks here are a second line of defence (the Python layer validates dtype, shape,
+// device and contiguity first): a bad call returns an error code, never launches out of bounds.
+#include <cstdarg>
+#include <cstdio>
+#include <mutex>
+
+#include "kernels.h"
+
+#ifndef SM120_BUILD_ARCHS
+#define SM120_BUILD_ARCHS "unknown"
+#endif
+
+namespace sm120 {
+
+namespace {
+thread_local char g_error[512] = "";
+std::mutex g_dev_mutex;
+DeviceInfo g_dev[64];
+bool g_dev_ok[64] = {};
+}  // namespace
+
+int set_error(int code, const char* fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(g_error, sizeof(g_error), fmt, ap);
+  va_end(ap);
+  return code;
+}
+
+int check_launch(const char* what) {
+  const cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess)
+    return set_error(kLaunchFailed, "%s: launch failed: %s", what, cudaGetErrorString(e));
+  return kOk;
+}
+
+int device_info(int device, DeviceInfo* out) {
+  if (device < 0 || device >= 64) return set_error(kInvalidArgument, "device index %d out of range", device);
+  std::lock_guard<std::mutex> lock(g_dev_mutex);
+  if (!g_dev_ok[device]) {
+    DeviceInfo d{};
+    cudaError_t e = cudaDeviceGetAttribute(&d.sm_count, cudaDevAttrMultiProcessorCount, device);
+    if (e == cudaSuccess) e = cudaDeviceGetAttribute(&d.major, cudaDevAttrComputeCapabilityMajor, device);
+    if (e == cudaSuccess) e = cudaDeviceGetAttribute(&d.minor, cudaDevAttrComputeCapabilityMinor, device);
+    if (e != cudaSuccess)
+      return set_error(kUnsupportedDevice, "cannot query device %d: %s", device, cudaGetErrorString(e));
+    g_dev[device] = d;
+    g_dev_ok[device] = true;
+  }
+  *out = g_dev[device];
+  return kOk;
+}
+
+namespace {
+
+// The library carries its own (static) CUDA runtime, whose current device is independent of
+// torch's: select the tensors' device before every launch.
+int use_device(int device, DeviceInfo* info) {
+  int rc = device_info(device, info);
+  if (rc != kOk) return rc;
+  if (info->major != 9 && info->major != 12)
+    return set_error(kUnsupportedDevice,
+                     "device %d is sm_%d%d; this build has code for sm_90a and sm_120a only", device,
+                     info->major, info->minor);
+  int cur = -1;
+  cudaGetDevice(&cur);
+  if (cur != device) {
+    const cudaError_t e = cudaSetDevice(device);
+    if (e != cudaSuccess)
+      return set_error(kUnsupportedDevice, "cudaSetDevice(%d): %s", device, cudaGetErrorString(e));
+  }
+  return kOk;
+}
+
+bool is_aligned(const void* p, int bytes) { return (reinterpret_cast<uintptr_t>(p) % bytes) == 0; }
+
+}  // namespace
+}  // namespace sm120
+
+using namespace sm120;
+
+extern "C" {
+
+const char* sm120_last_error() { return g_error; }
+
+int sm120_abi_version() { return 2; }  // 2: sm120_w4a16_workspace_layout, fixed ticket region
+
+const char* sm120_build_archs() { return SM120_BUILD_ARCHS; }
+
+// Split plan of the W4A16 GEMM; out = {m_tiles, m_blocks, n_ctas, splits, chunks_per_split}.
+// Host-only (no device needed): *workspace_needed receives the bytes the plan uses.
+int sm120_w4a16_plan(int M, int N, int K, int sm_count, size_t workspace_bytes, int split_target,
+                     int* out, size_t* workspace_needed) {
+  if (M <= 0 || N <= 0 || K <= 0 || sm_count <= 0 || out == nullptr)
+    return set_error(kInvalidArgument, "w4a16_plan: bad arguments M=%d N=%d K=%d sm_count=%d", M,
+                     N, K, sm_count);
+  const W4A16Plan p = plan_w4a16(M, N, K, sm_count, workspace_bytes, split_target);
+  out[0] = p.m_tiles;
+  out[1] = p.m_blocks;
+  out[2] = p.n_ctas;
+  out[3] = p.splits;
+  out[4] = p.chunks_per_split;
+  if (workspace_needed) *workspace_needed = p.workspace_bytes;
+  return kOk;
+}
+
+// Workspace layout of that plan; out = {ticket region bytes (tickets start at 0, one int per
+// tile z*n_ctas + x), partial_offset, bytes per (tile, split) partial slot, workspace bytes used}.
+// Host-only, for tests that model the workspace across successive calls.
+int sm120_w4a16_workspace_layout(int M, int N, int K, int sm_count, size_t workspace_bytes,
+                                 int split_target, size_t* out) {
+  if (M <= 0 || N <= 0 || K <= 0 || sm_count <= 0 || out == nullptr)
+    return set_error(kInvalidArgument, "w4a16_workspace_layout: bad arguments M=%d N=%d K=%d sm_count=%d",
+                     M, N, K, sm_count);
+  const W4A16Plan p = plan_w4a16(M, N, K, sm_count, workspace_bytes, split_target);
+  out[0] = kW4A16TicketRegionBytes;
+  out[1] = p.partial_offset;
+  out[2] = p.partial_tile_bytes;
+  out[3] = p.workspace_bytes;
+  return kOk;
+}
+
+// x bf16 [M,K] -> packed uint8 [M,K/2], scales uint8 [round_up(M,128), round_up(K/16,4)]
+// (128x4 swizzled). global_scale: device fp32, the ENCODE scale. p_order: nibble order of the
+// W4A4 GEMM (1) or plain low-nibble-first order (0).
+int sm120_quantize_nvfp4(int device, const void* x, const void* global_scale, void* packed,
+                         void* scales, int M, int K, int p_order, void* stream) {
+  if (!x || !global_scale || !packed || !scales)
+    return set_error(kInvalidArgument, "quantize_nvfp4: null pointer");
+  if (M <= 0 || K <= 0 || K % 16)
+    return set_error(kInvalidArgument, "quantize_nvfp4: need M > 0 and K %% 16 == 0, got M=%d K=%d", M, K);
+  if (!is_aligned(x, 16) || !is_aligned(packed, 8) || !is_aligned(scales, 4))
+    return set_error(kInvalidArgument, "quantize_nvfp4: misaligned pointer (x 16 B, packed 8 B, scales 4 B)");
+  DeviceInfo info;
+  int rc = use_device(device, &info);
+  if (rc != kOk) return rc;
+  return launch_quantize_nvfp4(x, static_cast<const float*>(global_scale), packed, scales, M, K,
+                               p_order != 0, static_cast<cudaStream_t>(stream));
+}
+
+// y bf16 [M,N] = x bf16 [M,K] . dequant(W)^T * weight_scale_2 (+ bias bf16 [N]).
+// qweight: packed tiles (layout.py), scales: 128x4 swizzled [round_up(N,128), round_up(K/16,4)].
+// workspace: zero-initialised device memory reused across calls on ONE stream (split-K tickets are
+// left at zero by every launch). split_target <= 0 picks 2 CTAs per SM.
+int sm120_gemm_w4a16(int device, const void* x, const void* qweight, const void* scales,
+                     const void* weight_scale_2, const void* bias, void* y, int M, int N, int K,
+                     void* workspace, size_t workspace_bytes, int split_target, void* stream) {
+  if (!x || !qweight || !scales || !weight_scale_2 || !y)
+    return set_error(kInvalidArgument, "gemm_w4a16: null pointer");
+  if (M <= 0 || N <= 0 || K <= 0 || K % 16 || N % 16)
+    return set_error(kInvalidArgument, "gemm_w4a16: need M > 0, N %% 16 == 0, K %% 16 == 0; got M=%d N=%d K=%d", M, N, K);
+  if (!is_aligned(x, 16) || !is_aligned(qweight, 16) || !is_aligned(scales, 16) ||
+      !is_aligned(workspace, 16))
+    return set_error(kInvalidArgument, "gemm_w4a16: x, qweight, scales and workspace must be 16-byte aligned");
+  DeviceInfo info;
+  int rc = use_device(device, &info);
+  if (rc != kOk) return rc;
+  const W4A16Plan plan = plan_w4a16(M, N, K, info.sm_count, workspace ? workspace_bytes : 0, split_target);
+  return launch_gemm_w4a16(x, qweight, scales, static_cast<const float*>(weight_scale_2), bias, y,
+                           M, N, K, workspace, workspace_bytes, plan,
+                           static_cast<cudaStream_t>(stream));
+}
+
+// y bf16 [M,N] = (xq . Wq^T) * input_scale * weight_scale_2 (+ bias). xq: P-order packed
+// activations [M,K/2] and their swizzled scales from sm120_quantize_nvfp4(p_order=1).
+// mode: 0 = hardware MMA on SM120 else emulation, 1 = hardware (SM120 only), 2 = emulation.
+int sm120_gemm_w4a4(int device, const void* xq, const void* x_scales, const void* input_scale,
+                    const void* qweight, const void* w_scales, const void* weight_scale_2,
+                    const void* bias, void* y, int M, int N, int K, int mode, void* stream) {
+  if (!xq || !x_scales || !input_scale || !qweight || !w_scales || !weight_scale_2 || !y)
+    return set_error(kInvalidArgument, "gemm_w4a4: null pointer");
+  if (M <= 0 || N <= 0 || K <= 0 || K % 32 || N % 16)
+    return set_error(kInvalidArgument, "gemm_w4a4: need M > 0, N %% 16 == 0, K %% 32 == 0; got M=%d N=%d K=%d", M, N, K);
+  if (!is_aligned(xq, 16) || !is_aligned(x_scales, 16) || !is_aligned(qweight, 16) ||
+      !is_aligned(w_scales, 16) || !is_aligned(y, 16))
+    return set_error(kInvalidArgument, "gemm_w4a4: xq, x_scales, qweight, w_scales and y must be 16-byte aligned");
+  if (mode < 0 || mode > 2) return set_error(kInvalidArgument, "gemm_w4a4: mode must be 0, 1 or 2");
+  DeviceInfo info;
+  int rc = use_device(device, &info);
+  if (rc != kOk) return rc;
+  const bool sm120 = info.major == 12;
+  if (mode == 1 && !sm120)
+    return set_error(kUnsupportedDevice, "gemm_w4a4: the block-scaled FP4 MMA needs an SM120 device (this is sm_%d%d)",
+                     info.major, info.minor);
+  const bool hw = mode == 1 || (mode == 0 && sm120);
+  return launch_gemm_w4a4(xq, x_scales, static_cast<const float*>(input_scale), qweight, w_scales,
+                          static_cast<const float*>(weight_scale_2), bias, y, M, N, K, hw,
+                          static_cast<cudaStream_t>(stream));
+}
+
+}  // extern "C"

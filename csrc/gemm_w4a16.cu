@@ -1,0 +1,343 @@
+// Small-M NVFP4 GEMM, weight-only (W4A16): Y[M,N] = X[M,K] . dequant(W)^T (+ bias), bf16 in/out,
+// fp32 accumulation. One source for sm_90a and sm_120a.
+//
+// Swap-AB: the weights are the MMA's A operand (16 rows per warp), the tokens its N dimension
+// (8 per MMA), so M = 1..8 wastes nothing on padding. Per 64-wide K chunk a thread loads one
+// 16-byte packed weight fragment (4 words: rows r and r+8, K halves), turns every bf16x2 pair into
+// bf16 with one or two rotate+mask ops, multiplies by its block scale (HMUL2 with a broadcast
+// half), and issues 4 bf16 m16n8k16 MMAs per 8-token tile.
+//   * 4 warps x 2 row tiles x 16 rows = 128 rows per CTA (one scale group: its scales are one
+//     512-byte block per K chunk); stages of 128 K (M <= 16) or 64 K (M <= 64) with 3-4 buffers.
+//   * multi-stage cp.async pipeline (no L2 cache hints: see cp_async16 in common.cuh).
+//   * split-K over gridDim.y so the grid covers >= 2 CTAs per SM; partial tiles go to a workspace
+//     and the last CTA of a tile (atomic ticket) reduces them in a fixed order (deterministic) and
+//     resets its ticket, so no memset is needed and CUDA graphs capture the single launch.
+//   * static shared memory <= 47 KB for every M tile (checked by test_kernel_build.py).
+// Values: e2m1 * scale * 2^-8 is exact in bf16; alpha = weight_scale_2 * 2^8 is applied in fp32.
+#include <type_traits>
+
+#include "kernels.h"
+
+namespace sm120 {
+namespace {
+
+template <int M_TILES>
+struct W4A16Traits {
+  static constexpr int kWarps = 4;
+  static constexpr int kThreads = 32 * kWarps;
+  static constexpr int kTilesPerWarp = 2;                  // 2 x 16 rows: X fragments reused twice
+  static constexpr int kRows = kWarps * kTilesPerWarp * kTileRows;  // 128 = one scale group
+  static constexpr int kChunksPerStage = M_TILES <= 2 ? 2 : 1;
+  static constexpr int kTokens = 8 * M_TILES;
+  static constexpr int kWBytes = 8 * kChunksPerStage * 512;
+  static constexpr int kSBytes = kChunksPerStage * 512;
+  static constexpr int kXRowBytes = kChunksPerStage * kChunkK * 2;
+  static constexpr int kXBytes = kTokens * kXRowBytes;
+  static constexpr int kStageBytes = kWBytes + kSBytes + kXBytes;
+  static constexpr int kStagesRaw = (46 * 1024) / kStageBytes;
+  static constexpr int kStages = kStagesRaw > 8 ? 8 : kStagesRaw;
+  static constexpr int kWItems = 8 * kChunksPerStage * 32 / kThreads;        // 16-B copies a thread
+  static constexpr int kXItems = kTokens * kChunksPerStage * 8 / kThreads;
+  static constexpr int kAcc = kTilesPerWarp * M_TILES * 4;
+  static constexpr int kTileElems = kThreads * kAcc;  // fp32 partials per CTA
+  static_assert(kStages >= 3, "W4A16 tile does not fit three stages in 46 KB");
+  static_assert(kXItems >= 1 && kXItems * kThreads == kTokens * kChunksPerStage * 8, "X split");
+};
+
+struct W4A16Params {
+  const __nv_bfloat16* x;
+  const uint8_t* qweight;
+  const uint8_t* scales;
+  const float* weight_scale_2;
+  const __nv_bfloat16* bias;
+  __nv_bfloat16* y;
+  float* partial;
+  int* tickets;
+  int M, N, K;
+  int n_chunks;
+  int chunks_per_split;
+  int splits;
+};
+
+template <int M_TILES>
+__global__ void __launch_bounds__(128) gemm_w4a16_kernel(const W4A16Params p) {
+  using T = W4A16Traits<M_TILES>;
+  constexpr int CPS = T::kChunksPerStage;
+  __shared__ __align__(128) uint8_t smem[T::kStages * T::kStageBytes];
+  __shared__ int s_is_last;
+
+  const int tid = threadIdx.x;
+  const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+  const int group = blockIdx.x;
+  const int split = blockIdx.y;
+  const int tok0 = blockIdx.z * T::kTokens;
+  const int c_begin = split * p.chunks_per_split;
+  const int c_end = min(c_begin + p.chunks_per_split, p.n_chunks);
+  const int n_stages = ceil_div(c_end - c_begin, CPS);
+
+
+  // Per-thread copy sources at chunk 0, advanced by the chunk offset each stage.
+  // Weights: item (row tile rt, chunk cc, lane) = ((warp + 4j) / CPS, (warp + 4j) % CPS, lane).
+  const uint8_t* w_src[T::kWItems];
+  int w_dst[T::kWItems], w_cc[T::kWItems];
+#pragma unroll
+  for (int j = 0; j < T::kWItems; ++j) {
+    const int rc = warp + 4 * j, rt = rc / CPS, cc = rc % CPS;
+    w_src[j] = p.qweight + (((int64_t)group * 8 + rt) * p.n_chunks + cc) * 512 + lane * 16;
+    w_dst[j] = (cc * 8 + rt) * 512 + lane * 16;
+    w_cc[j] = cc;
+  }
+  const int s_cc = tid >> 5;  // scales: CPS x 512 B, threads tid < 32 * CPS
+  const uint8_t* s_src = p.scales + ((int64_t)group * p.n_chunks + s_cc) * 512 + lane * 16;
+  // X: item (row r, unit u of 16 B) = i / (8 * CPS), i % (8 * CPS)
+  const __nv_bfloat16* x_src[T::kXItems];
+  int x_dst[T::kXItems], x_k[T::kXItems];
+  bool x_row_ok[T::kXItems];
+#pragma unroll
+  for (int j = 0; j < T::kXItems; ++j) {
+    const int i = tid + j * T::kThreads;
+    const int r = i / (8 * CPS), u = i % (8 * CPS);
+    const int tok = tok0 + r;
+    x_k[j] = (u >> 3) * kChunkK + (u & 7) * 8;
+    x_row_ok[j] = tok < p.M;
+    x_src[j] = p.x + (int64_t)(x_row_ok[j] ? tok : 0) * p.K + x_k[j];
+    // XOR swizzle of the 16-byte unit by row parity: conflict-free LDS.128 in compute()
+    x_dst[j] = T::kWBytes + T::kSBytes + r * T::kXRowBytes + ((u ^ ((r & 1) << 2)) * 16);
+  }
+
+  // Stages fully inside the split and inside K (all but possibly the last) skip the bounds tests.
+  auto load_stage = [&](int stage, int buf) {
+    uint8_t* base = smem + buf * T::kStageBytes;
+    const int c0 = c_begin + stage * CPS;
+    const bool full = c0 + CPS <= c_end && (c0 + CPS) * kChunkK <= p.K;
+    auto issue = [&](auto full_tag) {
+      constexpr bool kFull = decltype(full_tag)::value;
+#pragma unroll
+      for (int j = 0; j < T::kWItems; ++j) {
+        const bool ok = kFull || c0 + w_cc[j] < c_end;
+        cp_async16(base + w_dst[j], ok ? w_src[j] + (int64_t)c0 * 512 : p.qweight, ok ? 16 : 0);
+      }
+      if (tid < 32 * CPS) {
+        const bool ok = kFull || c0 + s_cc < c_end;
+        cp_async16(base + T::kWBytes + s_cc * 512 + lane * 16,
+                   ok ? s_src + (int64_t)c0 * 512 : p.scales, ok ? 16 : 0);
+      }
+#pragma unroll
+      for (int j = 0; j < T::kXItems; ++j) {
+        const bool ok = x_row_ok[j] &&
+                        (kFull || (c0 * kChunkK + x_k[j] < p.K && c0 + (x_k[j] >> 6) < c_end));
+        cp_async16(base + x_dst[j], ok ? x_src[j] + c0 * kChunkK : p.x, ok ? 16 : 0);
+      }
+    };
+    if (full) {
+      issue(std::true_type{});
+    } else {
+      issue(std::false_type{});
+    }
+  };
+
+  float acc[T::kTilesPerWarp][M_TILES][4];
+#pragma unroll
+  for (int i = 0; i < T::kTilesPerWarp; ++i)
+#pragma unroll
+    for (int mt = 0; mt < M_TILES; ++mt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[i][mt][e] = 0.0f;
+
+  // Scale bytes this thread needs from the words of rows g and g+8: K halves lo (block t/2) and
+  // hi (block 2 + t/2) -> [g_lo, g8_lo, g_hi, g8_hi].
+  const int tb = t >> 1;
+  const uint32_t scale_sel = tb | ((4 + tb) << 4) | ((2 + tb) << 8) | ((6 + tb) << 12);
+  const int swz = (g & 1) << 2;
+  const int s_off = (g & 3) * 16 + (g >> 2) * 8;
+
+  auto compute = [&](int buf) {
+    const uint8_t* base = smem + buf * T::kStageBytes;
+#pragma unroll
+    for (int cc = 0; cc < CPS; ++cc) {
+      uint4 xl[M_TILES], xh[M_TILES];
+#pragma unroll
+      for (int mt = 0; mt < M_TILES; ++mt) {
+        const uint8_t* xrow = base + T::kWBytes + T::kSBytes + (mt * 8 + g) * T::kXRowBytes;
+        xl[mt] = lds128(xrow + (((cc * 8 + t) ^ swz) * 16));
+        xh[mt] = lds128(xrow + (((cc * 8 + 4 + t) ^ swz) * 16));
+      }
+#pragma unroll
+      for (int i = 0; i < T::kTilesPerWarp; ++i) {
+        const int rt = warp * T::kTilesPerWarp + i;
+        const uint4 wq = lds128(base + (cc * 8 + rt) * 512 + lane * 16);
+        const uint2 sc = lds64(base + T::kWBytes + cc * 512 + rt * 64 + s_off);
+        uint32_t s_lo, s_hi;
+        e4m3x4_to_bf16x2_x2p118(__byte_perm(sc.x, sc.y, scale_sel), s_lo, s_hi);
+#define SM120_W4A16_STEP(DEC, XF)                                                        \
+  {                                                                                      \
+    const uint32_t a0 = bf16x2_mul_lo(DEC(wq.x), s_lo);                                  \
+    const uint32_t a1 = bf16x2_mul_hi(DEC(wq.y), s_lo);                                  \
+    const uint32_t a2 = bf16x2_mul_lo(DEC(wq.z), s_hi);                                  \
+    const uint32_t a3 = bf16x2_mul_hi(DEC(wq.w), s_hi);                                  \
+    _Pragma("unroll") for (int mt = 0; mt < M_TILES; ++mt)                               \
+        mma_bf16_16816(acc[i][mt], a0, a1, a2, a3, xl[mt].XF, xh[mt].XF);                \
+  }
+        SM120_W4A16_STEP(decode_pair0, x)
+        SM120_W4A16_STEP(decode_pair1, y)
+        SM120_W4A16_STEP(decode_pair2, z)
+        SM120_W4A16_STEP(decode_pair3, w)
+#undef SM120_W4A16_STEP
+      }
+    }
+  };
+
+#pragma unroll
+  for (int s = 0; s < T::kStages - 1; ++s) {
+    if (s < n_stages) load_stage(s, s);
+    cp_async_commit();
+  }
+  int read_buf = 0, write_buf = T::kStages - 1;
+  for (int it = 0; it < n_stages; ++it) {
+    cp_async_wait<T::kStages - 2>();
+    __syncthreads();
+    if (it + T::kStages - 1 < n_stages) load_stage(it + T::kStages - 1, write_buf);
+    cp_async_commit();
+    compute(read_buf);
+    read_buf = read_buf + 1 == T::kStages ? 0 : read_buf + 1;
+    write_buf = write_buf + 1 == T::kStages ? 0 : write_buf + 1;
+  }
+  cp_async_wait<0>();
+
+  const float alpha = __ldg(p.weight_scale_2) * 256.0f;
+  auto store = [&](const float (&v)[T::kTilesPerWarp][M_TILES][4]) {
+#pragma unroll
+    for (int i = 0; i < T::kTilesPerWarp; ++i)
+#pragma unroll
+      for (int mt = 0; mt < M_TILES; ++mt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int r = (e < 2) ? g : g + 8;
+          const int tok = tok0 + mt * 8 + 2 * t + (e & 1);
+          const int n = group * kGroupRows + tile_row_to_actual(warp * T::kTilesPerWarp + i, r);
+          if (tok < p.M && n < p.N) {
+            float out = v[i][mt][e] * alpha;
+            if (p.bias != nullptr) out += __bfloat162float(p.bias[n]);
+            p.y[(int64_t)tok * p.N + n] = __float2bfloat16_rn(out);
+          }
+        }
+  };
+
+  if (p.splits == 1) {
+    store(acc);
+    return;
+  }
+  const int64_t tile_id = (int64_t)blockIdx.z * gridDim.x + blockIdx.x;
+  float* mine = p.partial + (tile_id * p.splits + split) * T::kTileElems;
+#pragma unroll
+  for (int i = 0; i < T::kTilesPerWarp; ++i)
+#pragma unroll
+    for (int mt = 0; mt < M_TILES; ++mt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        __stcg(mine + ((i * M_TILES + mt) * 4 + e) * T::kThreads + tid, acc[i][mt][e]);
+  __threadfence();
+  __syncthreads();
+  if (tid == 0) s_is_last = (atomicAdd(p.tickets + tile_id, 1) == p.splits - 1);
+  __syncthreads();
+  if (!s_is_last) return;
+  __threadfence();
+  float sum[T::kTilesPerWarp][M_TILES][4];
+#pragma unroll
+  for (int i = 0; i < T::kTilesPerWarp; ++i)
+#pragma unroll
+    for (int mt = 0; mt < M_TILES; ++mt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) sum[i][mt][e] = 0.0f;
+  for (int s = 0; s < p.splits; ++s) {
+    const float* part = p.partial + (tile_id * p.splits + s) * T::kTileElems;
+#pragma unroll
+    for (int i = 0; i < T::kTilesPerWarp; ++i)
+#pragma unroll
+      for (int mt = 0; mt < M_TILES; ++mt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+          sum[i][mt][e] += __ldcg(part + ((i * M_TILES + mt) * 4 + e) * T::kThreads + tid);
+  }
+  if (tid == 0) p.tickets[tile_id] = 0;  // ready for the next launch on this workspace
+  store(sum);
+}
+
+constexpr int tile_elems(int m_tiles) { return 128 * 2 * m_tiles * 4; }
+// the host's slot size is the kernel's partial tile, for every instantiated M tile
+static_assert(W4A16Traits<1>::kTileElems == tile_elems(1) && W4A16Traits<2>::kTileElems == tile_elems(2) &&
+                  W4A16Traits<4>::kTileElems == tile_elems(4) && W4A16Traits<8>::kTileElems == tile_elems(8),
+              "W4A16 partial tile size");
+
+}  // namespace
+
+W4A16Plan plan_w4a16(int M, int N, int K, int sm_count, size_t workspace_bytes, int split_target) {
+  W4A16Plan plan{};
+  plan.m_tiles = M <= 8 ? 1 : M <= 16 ? 2 : M <= 32 ? 4 : 8;
+  plan.m_blocks = ceil_div(M, 8 * plan.m_tiles);
+  plan.n_ctas = round_up(N, kGroupRows) / kGroupRows;
+  const int n_chunks = ceil_div(K, kChunkK);
+  const int64_t base = (int64_t)plan.n_ctas * plan.m_blocks;
+  const int64_t target = split_target > 0 ? split_target : 2 * (int64_t)sm_count;
+  int64_t splits = base >= target ? 1 : (target + base - 1) / base;
+  const int max_splits = n_chunks / 2 > 1 ? n_chunks / 2 : 1;  // >= 128 K per split
+  if (splits > max_splits) splits = max_splits;
+  if (splits > 65535) splits = 65535;
+  if (base > kW4A16MaxTicketTiles) splits = 1;  // more tiles than tickets (only with a huge target)
+  plan.partial_offset = kW4A16TicketRegionBytes;
+  plan.partial_tile_bytes = (size_t)tile_elems(plan.m_tiles) * sizeof(float);
+  const int cps_unit = plan.m_tiles <= 2 ? 2 : 1;  // whole pipeline stages per split
+  for (;;) {
+    const int cps = round_up(ceil_div(n_chunks, (int)splits), cps_unit);
+    splits = ceil_div(n_chunks, cps);
+    plan.chunks_per_split = cps;
+    plan.splits = (int)splits;
+    if (splits == 1) {
+      plan.workspace_bytes = 0;
+      break;
+    }
+    plan.workspace_bytes = plan.partial_offset + (size_t)base * splits * plan.partial_tile_bytes;
+    if (plan.workspace_bytes <= workspace_bytes) break;
+    splits = splits / 2;  // shrink until the partials fit
+  }
+  return plan;
+}
+
+int launch_gemm_w4a16(const void* x, const void* qweight, const void* scales,
+                      const float* weight_scale_2, const void* bias, void* y, int M, int N, int K,
+                      void* workspace, size_t workspace_bytes, const W4A16Plan& plan,
+                      cudaStream_t stream) {
+  if (plan.splits > 1 && (workspace == nullptr || plan.workspace_bytes > workspace_bytes))
+    return set_error(kWorkspaceTooSmall, "gemm_w4a16: workspace of %zu bytes, plan needs %zu",
+                     workspace_bytes, plan.workspace_bytes);
+  if (plan.splits > 1 && (int64_t)plan.n_ctas * plan.m_blocks > kW4A16MaxTicketTiles)
+    return set_error(kInvalidArgument, "gemm_w4a16: %lld tiles exceed the %lld split-K tickets",
+                     (long long)plan.n_ctas * plan.m_blocks, (long long)kW4A16MaxTicketTiles);
+  W4A16Params p{};
+  p.x = static_cast<const __nv_bfloat16*>(x);
+  p.qweight = static_cast<const uint8_t*>(qweight);
+  p.scales = static_cast<const uint8_t*>(scales);
+  p.weight_scale_2 = weight_scale_2;
+  p.bias = static_cast<const __nv_bfloat16*>(bias);
+  p.y = static_cast<__nv_bfloat16*>(y);
+  p.M = M;
+  p.N = N;
+  p.K = K;
+  p.n_chunks = ceil_div(K, kChunkK);
+  p.chunks_per_split = plan.chunks_per_split;
+  p.splits = plan.splits;
+  if (plan.splits > 1) {
+    p.tickets = static_cast<int*>(workspace);
+    p.partial = reinterpret_cast<float*>(static_cast<uint8_t*>(workspace) + plan.partial_offset);
+  }
+  const dim3 grid(plan.n_ctas, plan.splits, plan.m_blocks);
+  switch (plan.m_tiles) {
+    case 1: gemm_w4a16_kernel<1><<<grid, 128, 0, stream>>>(p); break;
+    case 2: gemm_w4a16_kernel<2><<<grid, 128, 0, stream>>>(p); break;
+    case 4: gemm_w4a16_kernel<4><<<grid, 128, 0, stream>>>(p); break;
+    default: gemm_w4a16_kernel<8><<<grid, 128, 0, stream>>>(p); break;
+  }
+  return check_launch("gemm_w4a16");
+}
+
+}  // namespace sm120

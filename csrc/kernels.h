@@ -1,0 +1,56 @@
+// Internal interface between the kernel files and the one binding file (bindings.cu).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "common.cuh"
+
+namespace sm120 {
+
+// Records a message for sm120_last_error() and returns `code`.
+int set_error(int code, const char* fmt, ...);
+// Turns a pending launch error into kLaunchFailed with the kernel name in the message.
+int check_launch(const char* what);
+
+// Device facts, cached per device (no host sync).
+struct DeviceInfo {
+  int sm_count;
+  int major;
+  int minor;
+};
+int device_info(int device, DeviceInfo* out);
+
+int launch_quantize_nvfp4(const void* x, const float* global_scale, void* packed, void* scales,
+                          int M, int K, bool p_order, cudaStream_t stream);
+
+// Split-K plan of the W4A16 GEMM (computed on the host, no device access).
+struct W4A16Plan {
+  int m_tiles;        // 8-token MMA tiles per CTA (1, 2, 4 or 8)
+  int m_blocks;       // CTAs along M
+  int n_ctas;         // CTAs along N (128 rows each)
+  int splits;         // CTAs along K
+  int chunks_per_split;
+  size_t workspace_bytes;  // bytes of workspace the plan uses (0 when splits == 1)
+  size_t partial_offset;   // where the fp32 partial tiles start (== kW4A16TicketRegionBytes)
+  size_t partial_tile_bytes;  // bytes of one (tile, split) partial slot
+};
+// Split-K workspace layout, the same for EVERY plan: one int ticket per (N, M) tile in the first
+// 256 KB, partial tiles after it. The ticket region must not move with the plan: a workspace
+// outlives calls, and a later plan's tickets must never land on an earlier plan's partials
+// (they would start at garbage counts and the tile would never be reduced).
+constexpr size_t kW4A16TicketRegionBytes = 256u << 10;
+constexpr int64_t kW4A16MaxTicketTiles = kW4A16TicketRegionBytes / sizeof(int);
+W4A16Plan plan_w4a16(int M, int N, int K, int sm_count, size_t workspace_bytes, int split_target);
+
+int launch_gemm_w4a16(const void* x, const void* qweight, const void* scales,
+                      const float* weight_scale_2, const void* bias, void* y, int M, int N, int K,
+                      void* workspace, size_t workspace_bytes, const W4A16Plan& plan,
+                      cudaStream_t stream);
+
+int launch_gemm_w4a4(const void* xq, const void* x_scales, const float* input_scale,
+                     const void* qweight, const void* w_scales, const float* weight_scale_2,
+                     const void* bias, void* y, int M, int N, int K, bool hardware_mma,
+                     cudaStream_t stream);
+
+}  // namespace sm120

@@ -1,0 +1,121 @@
+"""NVFP4 linear layers on the sm120 kernels: the glue `--fp4-gemm-backend sm120` calls.
+
+Hook (patch over python/sglang/srt/layers/quantization/modelopt_quant.py, ModelOptFp4LinearMethod):
+  * process_weights_after_loading(layer): right after upstream sets
+    `layer.output_size_per_partition`, call `process_weights_after_loading(layer)` from here and
+    return when the backend is sm120;
+  * apply(layer, x, bias): first thing, `return apply(layer, x, bias)` from here when the backend
+    is sm120.
+
+Layer contract (as upstream's create_weights leaves it): `weight` uint8 [N, K/2], `weight_scale`
+float8_e4m3fn [N, K/16], `weight_scale_2` fp32 [partitions], `input_scale` fp32 [partitions].
+After processing: `weight` holds the packed tiles [N_pad, K_pad/2], `weight_scale` the 128x4
+swizzled scales, and `sm120_weight_scale_2` / `sm120_input_scale` / `sm120_input_scale_inv`
+fp32 [1] device scalars (no host reads in apply, so it is CUDA-graph capturable).
+
+Path choice per call (M = tokens):
+  * M <= SGLANG_SM120_FP4_W4A16_MAX_M (default 64): W4A16 (bf16 activations, no activation
+    quantization) -- decode is memory-bound, this is the fast and the more accurate path;
+  * larger M: W4A4 -- activations quantized with the checkpoint's input_scale, block-scaled FP4
+    MMA on SM120, its bit-faithful emulation elsewhere (so SM90 reproduces SM120 numerics).
+    SGLANG_SM120_FP4_LARGE_M=w4a16 keeps W4A16 for every M instead.
+"""
+from __future__ import annotations
+
+import logging
+import os
+from typing import Optional
+
+import torch
+
+from sglang.sm120 import kernels
+from sglang.sm120.kernels import ops as kops
+
+logger = logging.getLogger(__name__)
+
+W4A16_MAX_M = int(os.environ.get("SGLANG_SM120_FP4_W4A16_MAX_M", "64"))
+LARGE_M_PATH = os.environ.get("SGLANG_SM120_FP4_LARGE_M", "w4a4").strip().lower()
+if LARGE_M_PATH not in ("w4a4", "w4a16"):
+    raise ValueError(f"SGLANG_SM120_FP4_LARGE_M must be 'w4a4' or 'w4a16', got {LARGE_M_PATH!r}")
+
+
+def is_supported_device(device: Optional[torch.device] = None) -> bool:
+    """The kernels run on SM120 (native) and SM90 (portable path, FP4 MMA emulated)."""
+    if not torch.cuda.is_available():
+        return False
+    major, _ = torch.cuda.get_device_capability(device)
+    return major in (9, 12) and kernels.available()
+
+
+def _rebind(layer: torch.nn.Module, name: str, value: torch.Tensor) -> None:
+    try:  # upstream helper: keeps Parameter identity stable for graphs and weight reloads
+        from sglang.srt.layers.utils import copy_or_rebind_param
+    except ImportError:  # kernels-only environment (tests)
+        copy_or_rebind_param = None
+    if copy_or_rebind_param is not None:
+        copy_or_rebind_param(layer, name, value)
+    else:
+        setattr(layer, name, torch.nn.Parameter(value.detach(), requires_grad=False))
+
+
+def process_weights_after_loading(layer: torch.nn.Module) -> None:
+    """Repack a loaded ModelOpt NVFP4 linear layer into the kernel layout (once, at load time)."""
+    if not kernels.available():
+        raise RuntimeError("--fp4-gemm-backend sm120 needs libsm120_kernels.so: " + _load_error())
+    weight, scale = layer.weight.data, layer.weight_scale.data
+    ws2_parts = layer.weight_scale_2.data.float().reshape(-1)
+    in_parts = layer.input_scale.data.float().reshape(-1)
+    ws2 = ws2_parts.max()
+    if ws2_parts.numel() > 1 and not bool(torch.all(ws2_parts == ws2)):
+        # ModelOpt gives fused q/k/v and gate/up one shared weight_scale_2; upstream takes the max
+        # too. Different values would need the block scales rescaled, which is not exact.
+        logger.warning("NVFP4 layer with per-partition weight_scale_2 %s: using the max like upstream",
+                       ws2_parts.tolist())
+    in_s = in_parts.max()
+    pw = kernels.pack_weight(weight, scale, ws2)
+    n, k = pw.n, pw.k
+    _rebind(layer, "weight", pw.qweight.view(pw.n_pad, pw.k_pad // 2))
+    _rebind(layer, "weight_scale", pw.scales)
+    _rebind(layer, "sm120_weight_scale_2", pw.weight_scale_2.reshape(1))
+    _rebind(layer, "sm120_input_scale", in_s.reshape(1).to(weight.device))
+    _rebind(layer, "sm120_input_scale_inv", (1.0 / in_s).reshape(1).to(weight.device))
+    layer.sm120_shape = (n, k)
+    layer.output_size_per_partition = n
+    kops._check_weight(packed_weight(layer), weight.device)  # once here; apply() only checks x
+    kernels.workspace(weight.device)  # this stream's split-K workspace exists before any capture
+
+
+def _load_error() -> str:
+    try:
+        kernels.load()
+    except RuntimeError as exc:
+        return str(exc)
+    return "unknown"
+
+
+def packed_weight(layer: torch.nn.Module) -> kernels.PackedWeight:
+    n, k = layer.sm120_shape
+    return kernels.PackedWeight(qweight=layer.weight.data, scales=layer.weight_scale.data,
+                                weight_scale_2=layer.sm120_weight_scale_2.data, n=n, k=k)
+
+
+def apply(layer: torch.nn.Module, x: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """y = x @ W^T (+ bias) for a layer processed by process_weights_after_loading."""
+    if isinstance(x, tuple):
+        raise TypeError("the sm120 FP4 backend takes bf16 activations, not pre-quantized FP4 tuples")
+    pw = packed_weight(layer)
+    lead = x.shape[:-1]
+    x2 = x.reshape(-1, x.shape[-1])
+    if not x2.is_contiguous():
+        x2 = x2.contiguous()
+    m = x2.shape[0]
+    if m == 0:
+        return x.new_empty((*lead, pw.n))
+    if bias is not None and bias.dtype != x2.dtype:
+        bias = bias.to(x2.dtype)
+    kops.check_activation(x2, pw.k, bias, pw.n)
+    if m <= W4A16_MAX_M or LARGE_M_PATH == "w4a16":
+        y = kops.layer_w4a16(x2, pw, bias)
+    else:
+        y = kops.layer_w4a4(x2, layer.sm120_input_scale.data, layer.sm120_input_scale_inv.data, pw, bias)
+    return y.reshape(*lead, pw.n)

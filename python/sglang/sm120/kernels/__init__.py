@@ -1,0 +1,20 @@
+"""NVFP4 GEMM and quantization kernels for SM120 (and SM90 for testing): Python API.
+
+    from sglang.sm120 import kernels
+    pw = kernels.pack_weight(weight_u8, weight_scale_e4m3, weight_scale_2)   # once, at load time
+    y = kernels.gemm_w4a16(x_bf16, pw)                                        # small M
+    xq, xs = kernels.quantize_nvfp4(x_bf16, input_scale_inv, mma_order=True)
+    y = kernels.gemm_w4a4(xq, xs, input_scale, pw)                            # large M
+
+The compiled library is libsm120_kernels.so (csrc/, built by forkbuild.kernels); see
+docs/kernels.md. `available()` says whether it loads here.
+"""
+from ._lib import available, build_archs, library_path, load
+from .layout import PackedWeight, pack_weight, unpack_weight, p_order_packed
+from .ops import gemm_w4a4, gemm_w4a16, quantize_nvfp4, w4a16_plan, workspace, packed_scale_shape
+
+__all__ = [
+    "available", "build_archs", "library_path", "load",
+    "PackedWeight", "pack_weight", "unpack_weight", "p_order_packed",
+    "gemm_w4a4", "gemm_w4a16", "quantize_nvfp4", "w4a16_plan", "workspace", "packed_scale_shape",
+]

@@ -1,0 +1,306 @@
+"""Thin, validated Python API over the NVFP4 kernels.
+
+Every call checks dtype, shape, divisibility, contiguity and device before anything reaches the
+GPU (TypeError / ValueError naming the argument), launches on torch's current stream of the
+tensors' device, never synchronizes the host and never allocates device memory except the outputs
+(optional `out=`) and a per-(device, stream) split-K workspace created on first use -- so the calls
+are CUDA-graph capturable.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import threading
+from typing import Optional, Tuple
+
+import torch
+
+from . import _lib
+from .layout import PackedWeight
+
+_BF16 = torch.bfloat16
+# partials (SGLANG_SM120_WORKSPACE_MB) + the fixed 256 KB split-K ticket region at the front
+# (kW4A16TicketRegionBytes in csrc/kernels.h)
+_WORKSPACE_BYTES = int(float(os.environ.get("SGLANG_SM120_WORKSPACE_MB", "8")) * (1 << 20)) + (256 << 10)
+# Debug mode: synchronize after every launch and name the kernel and sizes of a device fault
+# (otherwise it surfaces at some later, unrelated torch call). Not for production or graph capture.
+_SYNC_AFTER_LAUNCH = os.environ.get("SGLANG_SM120_KERNEL_SYNC", "0") not in ("", "0")
+_ws_lock = threading.Lock()
+_workspaces: dict = {}
+
+
+# ----------------------------------------------------------------------------- validation
+
+def _tensor(name: str, t, dtype=None, dim: Optional[int] = None, device=None) -> torch.Tensor:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if dtype is not None:
+        dtypes = dtype if isinstance(dtype, tuple) else (dtype,)
+        if t.dtype not in dtypes:
+            raise TypeError(f"{name} must be {' or '.join(str(d) for d in dtypes)}, got {t.dtype}")
+    if dim is not None and t.dim() != dim:
+        raise ValueError(f"{name} must be {dim}-D, got shape {tuple(t.shape)}")
+    if t.device.type != "cuda":
+        raise ValueError(f"{name} must be a CUDA tensor, got device {t.device}")
+    if device is not None and t.device != device:
+        raise ValueError(f"{name} is on {t.device}, expected {device} (all arguments on one device)")
+    if not t.is_contiguous():
+        raise ValueError(f"{name} must be contiguous (call .contiguous())")
+    return t
+
+
+def _aligned(name: str, t: torch.Tensor, bytes_: int = 16) -> None:
+    if t.data_ptr() % bytes_:
+        raise ValueError(f"{name} must start on a {bytes_}-byte boundary (got a view at an odd offset; "
+                         "pass a fresh or .clone()d tensor)")
+
+
+def _scalar(name: str, t, device) -> torch.Tensor:
+    _tensor(name, t, torch.float32, device=device)
+    if t.numel() != 1:
+        raise ValueError(f"{name} must hold exactly one fp32 value, got shape {tuple(t.shape)}")
+    return t
+
+
+def _out(name: str, out, shape, dtype, device) -> torch.Tensor:
+    if out is None:
+        return torch.empty(shape, dtype=dtype, device=device)
+    _tensor(name, out, dtype, device=device)
+    if tuple(out.shape) != tuple(shape):
+        raise ValueError(f"{name} must have shape {tuple(shape)}, got {tuple(out.shape)}")
+    _aligned(name, out)
+    return out
+
+
+def _ptr(t: Optional[torch.Tensor]):
+    return None if t is None else ctypes.c_void_p(t.data_ptr())
+
+
+def _stream(device: torch.device):
+    return ctypes.c_void_p(torch.cuda.current_stream(device).cuda_stream)
+
+
+def workspace(device: torch.device) -> torch.Tensor:
+    """Zero-initialised split-K workspace of the current stream of `device` (created once)."""
+    stream = torch.cuda.current_stream(device).cuda_stream
+    key = (device.index, stream)
+    ws = _workspaces.get(key)
+    if ws is None:
+        with _ws_lock:
+            ws = _workspaces.get(key)
+            if ws is None:
+                ws = torch.zeros(_WORKSPACE_BYTES, dtype=torch.uint8, device=device)
+                _workspaces[key] = ws
+    return ws
+
+
+def _debug_sync(device: torch.device, what: str) -> None:
+    if not _SYNC_AFTER_LAUNCH or torch.cuda.is_current_stream_capturing():
+        return
+    try:
+        torch.cuda.synchronize(device)
+    except Exception as exc:  # the context is dead after a device fault: report what ran last
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise RuntimeError(f"{what} faulted on the device: {first}") from exc
+
+
+def packed_scale_shape(m: int, k: int) -> Tuple[int, int]:
+    return ((m + 127) // 128 * 128, (k // 16 + 3) // 4 * 4)
+
+
+# ----------------------------------------------------------------------------- ops
+
+def quantize_nvfp4(x: torch.Tensor, global_scale: torch.Tensor, *, mma_order: bool = False,
+                   out: Optional[torch.Tensor] = None, out_scales: Optional[torch.Tensor] = None):
+    """bf16 x [M, K] -> (packed uint8 [M, K/2], scales float8_e4m3fn [M_pad128, K/16 pad 4] swizzled).
+
+    global_scale: fp32 1-element CUDA tensor, the ENCODE scale (1 / input_scale). Bit-exact with
+    sglang.sm120.nvfp4.quantize_nvfp4 (then swizzle_scales). mma_order=True writes the nibble order
+    the W4A4 GEMM consumes (layout.p_order_packed of the plain result).
+    """
+    _tensor("x", x, _BF16, dim=2)
+    dev = x.device
+    m, k = x.shape
+    if k % 16:
+        raise ValueError(f"x: K (= {k}) must be a multiple of 16")
+    if m == 0:
+        raise ValueError("x: M must be > 0")
+    _aligned("x", x)
+    _scalar("global_scale", global_scale, dev)
+    packed = _out("out", out, (m, k // 2), torch.uint8, dev)
+    if out_scales is None:
+        scales = torch.empty(packed_scale_shape(m, k), dtype=torch.float8_e4m3fn, device=dev)
+    else:
+        scales = _out("out_scales", out_scales, packed_scale_shape(m, k), (torch.float8_e4m3fn, torch.uint8), dev)
+    _launch_quantize(x, global_scale, packed, scales, bool(mma_order))
+    return packed, scales
+
+
+def _launch_quantize(x, global_scale, packed, scales, mma_order: bool) -> None:
+    dev = x.device
+    m, k = x.shape
+    rc = _lib.load().sm120_quantize_nvfp4(dev.index, _ptr(x), _ptr(global_scale), _ptr(packed), _ptr(scales),
+                                          m, k, int(mma_order), _stream(dev))
+    _lib.check(rc, "quantize_nvfp4")
+    _debug_sync(dev, f"quantize_nvfp4(M={m}, K={k}, mma_order={mma_order})")
+
+
+def _check_weight(weight: PackedWeight, dev) -> None:
+    if not isinstance(weight, PackedWeight):
+        raise TypeError(f"weight must be a PackedWeight (from pack_weight), got {type(weight).__name__}")
+    _tensor("weight.qweight", weight.qweight, torch.uint8, device=dev)
+    _tensor("weight.scales", weight.scales, (torch.float8_e4m3fn, torch.uint8), device=dev)
+    _scalar("weight.weight_scale_2", weight.weight_scale_2, dev)
+    if weight.qweight.numel() != weight.n_pad * weight.k_pad // 2:
+        raise ValueError(f"weight.qweight has {weight.qweight.numel()} bytes, expected "
+                         f"{weight.n_pad * weight.k_pad // 2} for N={weight.n}, K={weight.k}")
+    if weight.scales.numel() != weight.n_pad * weight.k_pad // 16:
+        raise ValueError(f"weight.scales has {weight.scales.numel()} bytes, expected {weight.n_pad * weight.k_pad // 16}")
+    _aligned("weight.qweight", weight.qweight)
+    _aligned("weight.scales", weight.scales)
+
+
+def _check_bias(bias, n: int, dev):
+    if bias is None:
+        return None
+    _tensor("bias", bias, _BF16, dim=1, device=dev)
+    if bias.shape[0] != n:
+        raise ValueError(f"bias must have shape ({n},), got {tuple(bias.shape)}")
+    return bias
+
+
+def gemm_w4a16(x: torch.Tensor, weight: PackedWeight, *, bias: Optional[torch.Tensor] = None,
+               out: Optional[torch.Tensor] = None, workspace_buf: Optional[torch.Tensor] = None,
+               split_target: int = 0) -> torch.Tensor:
+    """y bf16 [M, N] = x bf16 [M, K] . dequant(weight)^T (+ bias), fp32 accumulation.
+
+    workspace_buf: optional zero-initialised uint8 CUDA buffer owned by the caller's stream
+    (default: a cached one per device and stream). split_target: CTAs to aim for (0 = 2 per SM).
+    """
+    _tensor("x", x, _BF16, dim=2)
+    dev = x.device
+    _check_weight(weight, dev)
+    m, k = x.shape
+    if k != weight.k:
+        raise ValueError(f"x: K (= {k}) does not match the weight's K (= {weight.k})")
+    if m == 0:
+        raise ValueError("x: M must be > 0")
+    _aligned("x", x)
+    bias = _check_bias(bias, weight.n, dev)
+    y = _out("out", out, (m, weight.n), _BF16, dev)
+    if workspace_buf is None:
+        workspace_buf = workspace(dev)
+    else:
+        _tensor("workspace_buf", workspace_buf, torch.uint8, device=dev)
+        _aligned("workspace_buf", workspace_buf)
+    _launch_w4a16(x, weight, bias, y, workspace_buf, int(split_target))
+    return y
+
+
+def _launch_w4a16(x, weight: PackedWeight, bias, y, workspace_buf, split_target: int = 0) -> None:
+    dev = x.device
+    rc = _lib.load().sm120_gemm_w4a16(dev.index, _ptr(x), _ptr(weight.qweight), _ptr(weight.scales),
+                                      _ptr(weight.weight_scale_2), _ptr(bias), _ptr(y), x.shape[0], weight.n,
+                                      weight.k, _ptr(workspace_buf), workspace_buf.numel(), split_target,
+                                      _stream(dev))
+    _lib.check(rc, "gemm_w4a16")
+    _debug_sync(dev, f"gemm_w4a16(M={x.shape[0]}, N={weight.n}, K={weight.k}, split_target={split_target})")
+
+
+_W4A4_MODES = {"auto": 0, "hardware": 1, "emulate": 2}
+
+
+def gemm_w4a4(xq: torch.Tensor, x_scales: torch.Tensor, input_scale: torch.Tensor, weight: PackedWeight,
+              *, bias: Optional[torch.Tensor] = None, out: Optional[torch.Tensor] = None,
+              mode: str = "auto") -> torch.Tensor:
+    """y bf16 [M, N] = (xq . Wq^T) * input_scale * weight_scale_2 (+ bias).
+
+    xq, x_scales: from quantize_nvfp4(x, 1 / input_scale, mma_order=True). mode: "auto" (the
+    block-scaled FP4 MMA on SM120, its emulation elsewhere), "hardware" (SM120 only) or "emulate".
+    """
+    _tensor("xq", xq, torch.uint8, dim=2)
+    dev = xq.device
+    _check_weight(weight, dev)
+    m, half_k = xq.shape
+    if 2 * half_k != weight.k:
+        raise ValueError(f"xq: K (= {2 * half_k}) does not match the weight's K (= {weight.k})")
+    if weight.k % 32:
+        raise ValueError(f"weight: K (= {weight.k}) must be a multiple of 32 for the W4A4 GEMM")
+    if m == 0:
+        raise ValueError("xq: M must be > 0")
+    _tensor("x_scales", x_scales, (torch.float8_e4m3fn, torch.uint8), device=dev)
+    if tuple(x_scales.shape) != packed_scale_shape(m, weight.k):
+        raise ValueError(f"x_scales must have shape {packed_scale_shape(m, weight.k)} (swizzled), "
+                         f"got {tuple(x_scales.shape)}")
+    _scalar("input_scale", input_scale, dev)
+    if mode not in _W4A4_MODES:
+        raise ValueError(f"mode must be one of {sorted(_W4A4_MODES)}, got {mode!r}")
+    for name, t in (("xq", xq), ("x_scales", x_scales)):
+        _aligned(name, t)
+    bias = _check_bias(bias, weight.n, dev)
+    y = _out("out", out, (m, weight.n), _BF16, dev)
+    _launch_w4a4(xq, x_scales, input_scale, weight, bias, y, _W4A4_MODES[mode])
+    return y
+
+
+def _launch_w4a4(xq, x_scales, input_scale, weight: PackedWeight, bias, y, mode: int = 0) -> None:
+    dev = xq.device
+    rc = _lib.load().sm120_gemm_w4a4(dev.index, _ptr(xq), _ptr(x_scales), _ptr(input_scale), _ptr(weight.qweight),
+                                     _ptr(weight.scales), _ptr(weight.weight_scale_2), _ptr(bias), _ptr(y),
+                                     xq.shape[0], weight.n, weight.k, mode, _stream(dev))
+    _lib.check(rc, "gemm_w4a4")
+    _debug_sync(dev, f"gemm_w4a4(M={xq.shape[0]}, N={weight.n}, K={weight.k}, mode={mode})")
+
+
+# ----------------------------------------------------------------------------- layer fast path
+# fp4_linear validates the packed weight and scalars once at load time; per call only the
+# activation and bias are checked here (cheap attribute tests), which keeps eager decode steps from
+# paying ~20 checks per GEMM. The C layer re-checks sizes and alignment, so a slip still raises.
+
+def check_activation(x, k: int, bias, n: int) -> None:
+    if not isinstance(x, torch.Tensor) or x.dtype != _BF16 or x.dim() != 2 or not x.is_cuda:
+        raise TypeError(f"x must be a 2-D bf16 CUDA tensor, got "
+                        f"{type(x).__name__ if not isinstance(x, torch.Tensor) else (x.dtype, tuple(x.shape), x.device)}")
+    if x.shape[1] != k:
+        raise ValueError(f"x: K (= {x.shape[1]}) does not match the layer's K (= {k})")
+    if not x.is_contiguous() or x.data_ptr() % 16:
+        raise ValueError("x must be contiguous and 16-byte aligned")
+    if bias is not None and (bias.dtype != _BF16 or bias.numel() != n or not bias.is_contiguous()
+                             or bias.device != x.device):
+        raise ValueError(f"bias must be a contiguous bf16 [{n}] tensor on {x.device}")
+
+
+def layer_w4a16(x, weight: PackedWeight, bias) -> torch.Tensor:
+    y = torch.empty((x.shape[0], weight.n), dtype=_BF16, device=x.device)
+    _launch_w4a16(x, weight, bias, y, workspace(x.device))
+    return y
+
+
+def layer_w4a4(x, input_scale, input_scale_inv, weight: PackedWeight, bias) -> torch.Tensor:
+    m, k = x.shape
+    dev = x.device
+    xq = torch.empty((m, k // 2), dtype=torch.uint8, device=dev)
+    xs = torch.empty(packed_scale_shape(m, k), dtype=torch.float8_e4m3fn, device=dev)
+    _launch_quantize(x, input_scale_inv, xq, xs, True)
+    y = torch.empty((m, weight.n), dtype=_BF16, device=dev)
+    _launch_w4a4(xq, xs, input_scale, weight, bias, y, 0)
+    return y
+
+
+def w4a16_plan(m: int, n: int, k: int, sm_count: int, workspace_bytes: int = _WORKSPACE_BYTES,
+               split_target: int = 0) -> dict:
+    """The split-K plan the W4A16 GEMM would use and its workspace layout (host only; for tests
+    and benchmarks). Tickets (one int per tile z * n_ctas + x) occupy the first
+    ticket_region_bytes for every plan; partial slot (tile, split) starts at
+    partial_offset + (tile * splits + split) * partial_tile_bytes."""
+    lib = _lib.load()
+    out = (ctypes.c_int * 5)()
+    need = ctypes.c_size_t(0)
+    _lib.check(lib.sm120_w4a16_plan(m, n, k, sm_count, workspace_bytes, split_target, out, ctypes.byref(need)),
+               "w4a16_plan")
+    lay = (ctypes.c_size_t * 4)()
+    _lib.check(lib.sm120_w4a16_workspace_layout(m, n, k, sm_count, workspace_bytes, split_target, lay),
+               "w4a16_workspace_layout")
+    return {"m_tiles": out[0], "m_blocks": out[1], "n_ctas": out[2], "splits": out[3],
+            "chunks_per_split": out[4], "workspace_bytes": need.value, "ticket_region_bytes": lay[0],
+            "partial_offset": lay[1], "partial_tile_bytes": lay[2]}
