@@ -72,18 +72,9 @@ SM120_FP4_FLOPS = 2.0e15
 
 
 def shapes():
-    out = [("glm5 q_a+kv_a", 2624, 6144)]
-    for tp in (1, 4, 8):
-        out += [
-            (f"qwen3 qkv tp{tp}", 5120 // tp, 2048),
-            (f"qwen3 o_proj tp{tp}", 2048, 4096 // tp),
-            (f"glm5 q_b tp{tp}", 16384 // tp, 2048),
-            (f"glm5 kv_b tp{tp}", 28672 // tp, 512),
-            (f"glm5 o_proj tp{tp}", 6144, 16384 // tp),
-            (f"glm5 shared gate_up tp{tp}", 4096 // tp, 6144),
-            (f"glm5 shared down tp{tp}", 6144, 2048 // tp),
-        ]
-    return out
+    from sglang.sm120.model_shapes import projection_shapes
+
+    return projection_shapes()
 
 
 class Log:
@@ -249,7 +240,7 @@ def bench_shape(name, n, k, ms, l2, copy_bw, marlin, reps, log):
 def tune_splits(sms, reps, log):
     """How the split-K target moves small-M times (informs the default of 2 CTAs per SM)."""
     out = []
-    for name, n, k in [("glm5 o_proj tp8", 6144, 2048), ("qwen3 qkv tp1", 5120, 2048),
+    for name, n, k in [("glm5 o_proj tp8", 6144, 2048), ("qwen3-30b qkv tp1", 5120, 2048),
                        ("glm5 shared gate_up tp8", 512, 6144), ("glm5 q_b tp1", 16384, 2048)]:
         q = F.quantize_weight_modelopt(torch.randn(n, k, device="cuda") * 0.02)
         pw = K.pack_weight(q["weight"], q["weight_scale"], q["weight_scale_2"])
@@ -372,7 +363,7 @@ def main():
     meta["marlin"] = "upstream sglang apply_fp4_marlin_linear" if marlin else f"missing: {marlin_reason}"
     sel = shapes()
     if args.quick:
-        sel = [s for s in sel if s[0] in ("glm5 o_proj tp1", "qwen3 qkv tp1", "glm5 shared down tp8", "glm5 q_b tp4")]
+        sel = [s for s in sel if s[0] in ("glm5 o_proj tp1", "qwen3-30b qkv tp1", "glm5 shared down tp8", "glm5 q_b tp4")]
     if args.shapes:
         want = [w.strip() for w in args.shapes.split(",") if w.strip()]
         sel = [s for s in sel if any(w in s[0] for w in want)]

@@ -19,11 +19,13 @@ import torch
 
 try:
     from sglang.sm120 import nvfp4 as F
+    from sglang.sm120.model_shapes import projection_shapes
 except ImportError:  # an installed sglang(-sm120) without these modules shadows the checkout
     import sglang.sm120
 
     sglang.sm120.__path__.append(os.path.join(os.path.dirname(__file__), "..", "..", "python", "sglang", "sm120"))
     from sglang.sm120 import nvfp4 as F
+    from sglang.sm120.model_shapes import projection_shapes
 
 pytestmark = pytest.mark.gpu
 
@@ -31,21 +33,9 @@ MS = [1, 2, 4, 8, 16, 32, 64, 128, 256, 1024, 4096]
 
 
 def _shapes():
-    """(name, N, K) of attention and shared-expert projections at TP 1, 4, 8 (REFERENCE.md)."""
-    out = []
-    for tp in (1, 4, 8):
-        out += [
-            (f"qwen3-30b qkv tp{tp}", 5120 // tp, 2048),
-            (f"qwen3-30b o_proj tp{tp}", 2048, 4096 // tp),
-            (f"glm5 q_b tp{tp}", 16384 // tp, 2048),
-            (f"glm5 kv_b tp{tp}", 28672 // tp, 512),
-            (f"glm5 o_proj tp{tp}", 6144, 16384 // tp),
-            (f"glm5 shared gate_up tp{tp}", 4096 // tp, 6144),
-            (f"glm5 shared down tp{tp}", 6144, 2048 // tp),
-        ]
-    out.append(("glm5 q_a+kv_a (replicated)", 2624, 6144))
+    """Distinct (N, K) of the attention and shared-expert projections at TP 1, 4, 8 (REFERENCE.md)."""
     seen, uniq = set(), []
-    for name, n, k in out:
+    for name, n, k in projection_shapes():
         if (n, k) not in seen:
             seen.add((n, k))
             uniq.append((name, n, k))
