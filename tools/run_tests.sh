@@ -3,6 +3,5 @@
 # GPU tests skip cleanly without a GPU; nvcc tests run where nvcc exists. Extra args go to pytest.
 source "$(dirname "$0")/venv.sh"
 "$VPY" -m pip install -q pytest
-if command -v nvcc >/dev/null; then "$VPY" -m pip install -q nvidia-cuda-cuobjdump; fi
 export SGLANG_SM120_REQUIRE_INSTALLED=1
 exec "$VPY" -m pytest test "$@"

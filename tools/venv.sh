@@ -10,9 +10,21 @@ if [ ! -x .venv/bin/python ]; then
   "${PYTHON:-python3}" -m venv .venv
 fi
 VPY="$PWD/.venv/bin/python"
+# cuobjdump lets the kernel build check its own SASS (forkbuild/kernels.py); the toolkit here lacks it.
+# It goes on PATH because pip's isolated build environment does not see .venv's packages.
+if command -v nvcc >/dev/null; then
+  "$VPY" -m pip install -q nvidia-cuda-cuobjdump
+  CUOBJDUMP=$("$VPY" -c 'import glob, sysconfig; print(next(iter(glob.glob(sysconfig.get_paths()["purelib"] + "/nvidia/*/bin/cuobjdump")), ""))')
+  [ -n "$CUOBJDUMP" ] && export PATH="$(dirname "$CUOBJDUMP"):$PATH"
+fi
 echo "[setup] building the fork wheel (pip wheel . --no-deps)"
 rm -rf dist
-"$VPY" -m pip wheel . --no-deps -w dist
+mkdir -p .cache
+# pip hides a backend's output unless verbose; keep just the build's own progress lines.
+"$VPY" -m pip wheel . --no-deps -w dist -v > .cache/pip-wheel.log 2>&1 || {
+  grep -E "^ *(\[sglang-sm120\]|\[kernels\]|error)" .cache/pip-wheel.log; tail -20 .cache/pip-wheel.log
+  echo "[setup] building the wheel failed (full log: .cache/pip-wheel.log)"; exit 1; }
+grep -E "^ *(\[sglang-sm120\]|\[kernels\])" .cache/pip-wheel.log || true
 WHEEL=$(ls dist/sglang-*.whl)
 echo "[setup] installing $WHEEL and its dependencies (first run downloads torch: a few minutes)"
 "$VPY" -m pip install -q "$WHEEL"
