@@ -39,15 +39,8 @@ from typing import Dict, List, Optional
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "benchmarks" / "results"
 
-QWEN3_30B_A3B = {
-    "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "hidden_size": 2048,
-    "num_hidden_layers": 48, "num_attention_heads": 32, "num_key_value_heads": 4, "head_dim": 128,
-    "intermediate_size": 6144, "moe_intermediate_size": 768, "num_experts": 128,
-    "num_experts_per_tok": 8, "vocab_size": 151936, "max_position_embeddings": 40960,
-    "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "torch_dtype": "bfloat16", "norm_topk_prob": True,
-    "decoder_sparse_step": 1, "mlp_only_layers": [], "tie_word_embeddings": False,
-    "hidden_act": "silu", "attention_bias": False, "bos_token_id": 1, "eos_token_id": 2,
-}
+sys.path.insert(0, str(REPO / "python"))
+from sglang.sm120.model_shapes import QWEN3_30B_A3B_CONFIG as QWEN3_30B_A3B  # noqa: E402
 # REFERENCE.md's tiny random Qwen3-MoE (the "did not finish warmup in 170 s" measurement).
 TINY_QWEN3_MOE = dict(
     QWEN3_30B_A3B, hidden_size=1024, num_hidden_layers=8, num_attention_heads=16,

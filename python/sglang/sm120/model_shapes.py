@@ -19,3 +19,15 @@ def projection_shapes(tps=(1, 4, 8)) -> List[Tuple[str, int, int]]:
             (f"glm5 shared down tp{tp}", 6144, 2048 // tp),
         ]
     return out
+
+
+# config.json of a model with Qwen3-30B-A3B's real shapes (for --load-format dummy runs).
+QWEN3_30B_A3B_CONFIG = {
+    "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "hidden_size": 2048,
+    "num_hidden_layers": 48, "num_attention_heads": 32, "num_key_value_heads": 4, "head_dim": 128,
+    "intermediate_size": 6144, "moe_intermediate_size": 768, "num_experts": 128,
+    "num_experts_per_tok": 8, "vocab_size": 151936, "max_position_embeddings": 40960,
+    "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "torch_dtype": "bfloat16", "norm_topk_prob": True,
+    "decoder_sparse_step": 1, "mlp_only_layers": [], "tie_word_embeddings": False,
+    "hidden_act": "silu", "attention_bias": False, "bos_token_id": 1, "eos_token_id": 2,
+}
