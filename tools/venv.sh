@@ -10,10 +10,11 @@ if [ ! -x .venv/bin/python ]; then
   "${PYTHON:-python3}" -m venv .venv
 fi
 VPY="$PWD/.venv/bin/python"
-# cuobjdump lets the kernel build check its own SASS (forkbuild/kernels.py); the toolkit here lacks it.
+# cuobjdump (+ the nvdisasm it runs) lets the kernel build check its own SASS (forkbuild/kernels.py);
+# the toolkit here lacks both.
 # It goes on PATH because pip's isolated build environment does not see .venv's packages.
 if command -v nvcc >/dev/null; then
-  "$VPY" -m pip install -q nvidia-cuda-cuobjdump
+  "$VPY" -m pip install -q nvidia-cuda-cuobjdump==13.5.37 nvidia-cuda-nvdisasm==13.5.37
   CUOBJDUMP=$("$VPY" -c 'import glob, sysconfig; print(next(iter(glob.glob(sysconfig.get_paths()["purelib"] + "/nvidia/*/bin/cuobjdump")), ""))')
   [ -n "$CUOBJDUMP" ] && export PATH="$(dirname "$CUOBJDUMP"):$PATH"
 fi
