@@ -11,7 +11,7 @@ from .config import REPO, Pin, load_pin, running_python_tag
 from .errors import BuildError, log
 from .overlay import check_shadow, list_overlay
 from .patches import Patch, apply_series, load_series
-from .upstream import fetch_wheel
+from .upstream import fetch_pinned
 from .wheel import Member, dist_info_name, rewrite_metadata, write_wheel
 
 SRC_PREFIX = "python/"
@@ -33,14 +33,19 @@ def read_upstream(wheel: Path) -> dict[str, Member]:
         }
 
 
-def patched_members(members: dict[str, Member], patches: list[Patch]) -> dict[str, str]:
-    """Apply the series to upstream's files; returns member name -> new text."""
+def source_reader(members: dict[str, Member]):
+    """path (python/sglang/...) -> upstream text, or None where upstream lacks the file."""
 
     def read(path: str) -> str | None:
         name = source_to_member(path)
         return members[name].data.decode() if name in members else None
 
-    changed = apply_series(patches, read)
+    return read
+
+
+def patched_members(members: dict[str, Member], patches: list[Patch]) -> dict[str, str]:
+    """Apply the series to upstream's files; returns member name -> new text."""
+    changed = apply_series(patches, source_reader(members))
     return {source_to_member(p): text for p, text in changed.items()}
 
 
@@ -90,9 +95,10 @@ def build_info_source(pin: Pin, wheel_name: str, sha: str, patches: list[Patch],
 
 def build_wheel(out_dir: Path, python_tag: str | None = None) -> Path:
     pin = load_pin()
-    filename = pin.wheel_for(python_tag or running_python_tag())
+    tag = python_tag or running_python_tag()
+    filename = pin.wheel_for(tag)
     patches = load_series(REPO / "patches")  # fail on a bad series before any download
-    wheel, sha = fetch_wheel(filename, pin.package, pin.index, pin.wheels[filename])
+    wheel, sha = fetch_pinned(pin, tag)
     log(f"upstream {filename} (sha256 {sha[:12]}... verified)")
     members = read_upstream(wheel)
 

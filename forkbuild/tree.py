@@ -8,14 +8,11 @@ from .config import REPO, load_pin, running_python_tag
 from .errors import BuildError, log
 from .overlay import check_shadow, list_overlay
 from .patches import load_series, read_series
-from .upstream import fetch_wheel
+from .upstream import fetch_pinned
 
 
 def pinned_upstream():
-    pin = load_pin()
-    name = pin.wheel_for(running_python_tag())
-    wheel, _ = fetch_wheel(name, pin.package, pin.index, pin.wheels[name])
-    return read_upstream(wheel)
+    return read_upstream(fetch_pinned(load_pin(), running_python_tag())[0])
 
 
 def check() -> None:

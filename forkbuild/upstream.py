@@ -91,6 +91,12 @@ def download(filename: str, package: str, index: str, dest: Path) -> Path:
         ) from None
 
 
+def fetch_pinned(pin, python_tag: str) -> tuple[Path, str]:
+    """The pinned upstream wheel for a CPython tag, hash-checked against UPSTREAM.toml."""
+    name = pin.wheel_for(python_tag)
+    return fetch_wheel(name, pin.package, pin.index, pin.wheels[name])
+
+
 def fetch_wheel(filename: str, package: str, index: str, expected_sha256: str | None) -> tuple[Path, str]:
     """Local file from the environment, else the cache, else the index; always hash-checked."""
     local = _from_env(filename)

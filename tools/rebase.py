@@ -19,12 +19,12 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from forkbuild.build import read_upstream, source_to_member  # noqa: E402
+from forkbuild.build import read_upstream, source_reader  # noqa: E402
 from forkbuild.config import load_pin, running_python_tag  # noqa: E402
 from forkbuild.errors import BuildError, log  # noqa: E402
 from forkbuild.patches import load_series  # noqa: E402
 from forkbuild.rebase import CLEAN, CONFLICT, MERGED, rebase_series  # noqa: E402
-from forkbuild.upstream import _index_files, cache_dir, fetch_wheel, sha256_of  # noqa: E402
+from forkbuild.upstream import _index_files, cache_dir, fetch_pinned, fetch_wheel, sha256_of  # noqa: E402
 
 
 def upstream_wheel(version: str, pin, given: str | None) -> Path:
@@ -35,8 +35,7 @@ def upstream_wheel(version: str, pin, given: str | None) -> Path:
         return p
     tag = running_python_tag()
     if version == pin.version:
-        name = pin.wheel_for(tag)
-        return fetch_wheel(name, pin.package, pin.index, pin.wheels[name])[0]
+        return fetch_pinned(pin, tag)[0]
     prefix = f"{pin.package}-{version}-{tag}-{tag}-"
     cached = sorted(cache_dir().glob(prefix + "*x86_64.whl"))
     if cached:
@@ -48,14 +47,6 @@ def upstream_wheel(version: str, pin, given: str | None) -> Path:
     if not names:
         raise BuildError(f"{pin.package} {version} has no {tag} x86_64 wheel on {pin.index}")
     return fetch_wheel(sorted(names)[0], pin.package, pin.index, None)[0]
-
-
-def reader(members):
-    def read(path):
-        name = source_to_member(path)
-        return members[name].data.decode() if name in members else None
-
-    return read
 
 
 def write_outputs(out: Path, outcomes, base: dict, onto: dict, keep_merged: bool = False) -> dict:
@@ -116,7 +107,7 @@ def main(argv=None) -> int:
         old_wheel = upstream_wheel(pin.version, pin, a.base_wheel)
         new_wheel = upstream_wheel(a.onto, pin, a.onto_wheel)
         log(f"rebasing {len(patches)} patch(es): {old_wheel.name} -> {new_wheel.name}")
-        outcomes = rebase_series(patches, reader(read_upstream(old_wheel)), reader(read_upstream(new_wheel)))
+        outcomes = rebase_series(patches, source_reader(read_upstream(old_wheel)), source_reader(read_upstream(new_wheel)))
         desc = lambda v, w: {"package": pin.package, "version": v, "wheel": w.name, "sha256": sha256_of(w)}
         report = write_outputs(Path(a.out), outcomes, desc(pin.version, old_wheel), desc(a.onto, new_wheel), a.keep_merged)
     except BuildError as e:

@@ -18,10 +18,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from forkbuild.build import patched_members, source_to_member  # noqa: E402
+from forkbuild.build import patched_members  # noqa: E402
 from forkbuild.errors import BuildError, log  # noqa: E402
 from forkbuild.patches import (  # noqa: E402
-    apply_series, file_diff, load_series, new_preamble, parse_patch, read_series, render,
+    file_diff, load_series, new_preamble, parse_patch, read_series, render,
 )
 from forkbuild.tree import pinned_upstream, write_tree  # noqa: E402
 
@@ -62,11 +62,7 @@ def base_texts(members, patches) -> dict[str, bytes]:
 
 
 def verify_series(members, patches) -> None:
-    def read(path):
-        n = source_to_member(path)
-        return members[n].data.decode() if n in members else None
-
-    apply_series(patches, read)
+    patched_members(members, patches)
 
 
 def cmd_update(name: str, tree: Path) -> None:

@@ -11,15 +11,13 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 from forkbuild.config import load_pin, running_python_tag  # noqa: E402
-from forkbuild.upstream import fetch_wheel  # noqa: E402
+from forkbuild.upstream import fetch_pinned  # noqa: E402
 
 BUILD_PARTS = ("setup.py", "pyproject.toml", "UPSTREAM.toml", "forkbuild", "patches", "python")
 
 
 def pinned_wheel() -> Path:
-    pin = load_pin()
-    name = pin.wheel_for(running_python_tag())
-    return fetch_wheel(name, pin.package, pin.index, pin.wheels[name])[0]
+    return fetch_pinned(load_pin(), running_python_tag())[0]
 
 
 def scratch_repo(dest: Path) -> Path:

@@ -523,7 +523,7 @@ reason = "host has tok 0.23.2"
     freeze = tmp_path / "freeze.txt"
     freeze.write_text("numpy==2.5.2\ntrf==5.17.0\ntok==0.23.2\n")
     pin = tmp_path / "UPSTREAM.toml"  # the fork build's pin: its Requires-Dist changes must be resolved too
-    pin.write_text('[upstream]\npackage = "sglang"\nversion = "0.5.16"\n[upstream.wheels]\n'
+    pin.write_text('[upstream]\npackage = "sglang"\nversion = "0.5.16"\n[fork]\nlocal = "sm120.1"\n[upstream.wheels]\n'
                    f'"{wheels["sglang"].name}" = "{sha256_of(wheels["sglang"])}"\n'
                    '[requires_dist]\nadd = [{requirement = "forkdep>=1", reason = "fork needs it"}]\n'
                    'remove = [{requirement = "numpy", reason = "fork drops it"}]\n')

@@ -7,10 +7,14 @@ wheelhouse did not resolve.
 """
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from .compat import tomllib
+# UPSTREAM.toml has one reader: the fork build's own (forkbuild/ at the repository root).
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from forkbuild.config import load_pin  # noqa: E402
+from forkbuild.errors import BuildError  # noqa: E402
 
 
 class ForkPinError(ValueError):
@@ -31,17 +35,14 @@ def load_fork_pin(path: Path) -> ForkPin | None:
     if not path.is_file():
         return None
     try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-        up = data["upstream"]
-        req = data.get("requires_dist", {})
-        return ForkPin(
-            package=up["package"], version=up["version"], wheels=dict(up.get("wheels", {})),
-            add=tuple(e["requirement"] for e in req.get("add", [])),
-            remove=tuple(e["requirement"] for e in req.get("remove", [])),
-            source=str(path),
-        )
-    except (tomllib.TOMLDecodeError, KeyError, TypeError) as e:
+        pin = load_pin(path)
+    except BuildError as e:
         raise ForkPinError(f"--upstream-pin {path}: cannot read the upstream pin ({e})") from None
+    return ForkPin(
+        package=pin.package, version=pin.version, wheels=dict(pin.wheels),
+        add=tuple(c.requirement for c in pin.add), remove=tuple(c.requirement for c in pin.remove),
+        source=str(path),
+    )
 
 
 def fork_requires(upstream_requires: list[str], pin: ForkPin) -> list[str]:
