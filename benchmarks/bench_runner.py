@@ -21,6 +21,10 @@ the GPU host's 10-minute command limit) and merged: --configs ... --out SAME_FIL
     python benchmarks/bench_runner.py --tag h200 --configs disabled upstream
     python benchmarks/bench_runner.py --tag h200 --configs layerwise layerwise_every_size
     python benchmarks/bench_runner.py --diagnose-eager-warmup         # see docs/runner.md
+
+On a 2-GPU host the two halves run side by side (one GPU each, tags h200-a/h200-b) and are then
+merged: `--tag h200 --merge h200-a h200-b` (no GPU needed for the merge). `--tp 2` runs every
+configuration with tensor parallelism 2 (issue 7).
 """
 from __future__ import annotations
 
@@ -91,7 +95,8 @@ def write_model_dir(path: Path, config: dict) -> Path:
     return path
 
 
-def run_one_batch(model_dir: Path, name: str, extra: List[str], workdir: Path, timeout: int) -> dict:
+def run_one_batch(model_dir: Path, name: str, extra: List[str], workdir: Path, timeout: int,
+                  tp: int = 1) -> dict:
     jsonl = workdir / f"{name}.jsonl"
     jsonl.unlink(missing_ok=True)
     batch_sizes = sorted(set(DECODE_BS) | set(PREFILL_BS.values()))
@@ -101,7 +106,7 @@ def run_one_batch(model_dir: Path, name: str, extra: List[str], workdir: Path, t
         "--mem-fraction-static", "0.85", "--max-running-requests", "1024",
         "--batch-size", *map(str, batch_sizes), "--input-len", str(INPUT_LEN),
         "--output-len", str(OUTPUT_LEN), "--run-name", name, "--result-filename", str(jsonl),
-        *extra,
+        "--tp-size", str(tp), *extra,
     ]
     env = dict(os.environ, SGLANG_SM120_LAYERWISE_TIMING="1")
     print(f"[bench_runner] {name}: {' '.join(cmd)}", flush=True)
@@ -139,7 +144,8 @@ def run_one_batch(model_dir: Path, name: str, extra: List[str], workdir: Path, t
             "graph_mem_gb": round(up.get("mem_gb", 0.0) + lw.get("mem_bytes", 0) / 2**30, 4),
         }
     return {
-        "command": " ".join(cmd), "wall_s": round(wall, 1), "decode_s": decode,
+        "command": " ".join(cmd), "wall_s": round(wall, 1), "device": device_name(),
+        "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"), "decode_s": decode,
         "prefill_s": prefill, "capture": capture, "capture_totals": totals, "host_step": host,
     }
 
@@ -183,7 +189,8 @@ def render_md(result: dict) -> str:
     runs = result["runs"]
     names = [n for n in CONFIGS if n in runs]
     lines = [f"# Layerwise runner benchmark ({result['tag']})", "",
-             f"{result['device']}; {result['model']}; generated {result['generated']}.", "",
+             f"{result['device']}; {result['model']}; commit {result.get('commit', 'unknown')}; "
+             f"generated {result['generated']}.", "",
              "## Decode step, median (ms)", "", "| bs | " + " | ".join(names) + " |",
              "|---|" + "---|" * len(names)]
     for bs in DECODE_BS:
@@ -202,6 +209,17 @@ def render_md(result: dict) -> str:
         lines.append(f"| {k} | {v['value']} | {v['target']} | {'yes' if v['met'] else 'NO'} |")
     lines += ["", "Commands:", ""] + [f"- `{runs[n]['command']}`" for n in names]
     return "\n".join(lines) + "\n"
+
+
+def commit() -> str:
+    """The commit measured: SGLANG_SM120_COMMIT (the GPU host's copy has no .git), else git."""
+    if os.environ.get("SGLANG_SM120_COMMIT"):
+        return os.environ["SGLANG_SM120_COMMIT"]
+    try:
+        return subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True,
+                              text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
 
 
 def device_name() -> str:
@@ -263,25 +281,47 @@ def main(argv=None) -> None:
     ap.add_argument("--configs", nargs="+", choices=list(CONFIGS), default=list(CONFIGS))
     ap.add_argument("--workdir", default=None, help="logs and the model config (default: a temp dir)")
     ap.add_argument("--timeout", type=int, default=900, help="per-configuration limit in seconds")
+    ap.add_argument("--tp", type=int, default=1, help="tensor-parallel size of every configuration")
+    ap.add_argument("--results-dir", default=str(RESULTS), help="where runner-TAG.json/.md go")
+    ap.add_argument("--merge", nargs="+", metavar="TAG", default=None,
+                    help="no GPU: merge the runs of runner-TAG.json files (same results dir) into --tag")
     ap.add_argument("--diagnose-eager-warmup", action="store_true")
     args = ap.parse_args(argv)
+    results = Path(args.results_dir)
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="bench_runner_"))
     workdir.mkdir(parents=True, exist_ok=True)
     if args.diagnose_eager_warmup:
         diagnose_eager_warmup(workdir, limit_s=min(args.timeout, 400))
         return
-    out = RESULTS / f"runner-{args.tag}.json"
+    out = results / f"runner-{args.tag}.json"
     result = json.loads(out.read_text()) if out.exists() else {"runs": {}}
-    model = write_model_dir(workdir / "qwen3-30b-a3b-shapes", QWEN3_30B_A3B)
-    for name in args.configs:
-        result["runs"][name] = run_one_batch(model, name, CONFIGS[name], workdir, args.timeout)
+    if args.merge:
+        for tag in args.merge:
+            part = results / f"runner-{tag}.json"
+            if not part.exists():
+                raise SystemExit(f"--merge {tag}: {part} does not exist")
+            doc = json.loads(part.read_text())
+            clash = set(doc["runs"]) & set(result["runs"])
+            if clash and args.merge.index(tag) > 0:
+                raise SystemExit(f"--merge {tag}: configuration(s) {sorted(clash)} already merged from another tag")
+            result["runs"].update(doc["runs"])
+            for key in ("commit", "tp_size", "model", "device"):
+                result.setdefault(key, doc.get(key))
+        result["merged_from"] = args.merge
+    else:
+        model = write_model_dir(workdir / "qwen3-30b-a3b-shapes", QWEN3_30B_A3B)
+        for name in args.configs:
+            print(f"[bench_runner] configuration {name} ({args.configs.index(name) + 1}/{len(args.configs)})", flush=True)
+            result["runs"][name] = run_one_batch(model, name, CONFIGS[name], workdir, args.timeout, args.tp)
+        result.update(commit=commit(), tp_size=args.tp, device=device_name(), workdir=str(workdir),
+                      command=" ".join([os.path.basename(sys.executable), *sys.argv]))
     result.update(
-        tag=args.tag, device=device_name(), model="Qwen3-30B-A3B shapes (48 layers, 128 experts top-8), bf16, dummy weights",
+        tag=args.tag,
+        model=f"Qwen3-30B-A3B shapes (48 layers, 128 experts top-8), bf16, dummy weights, TP {result.get('tp_size', 1)}",
         generated=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        workdir=str(workdir),
     )
     result["targets"] = compute_targets(result["runs"])
-    RESULTS.mkdir(parents=True, exist_ok=True)
+    results.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1))
     out.with_suffix(".md").write_text(render_md(result))
     print(f"[bench_runner] wrote {out} and {out.with_suffix('.md')}")

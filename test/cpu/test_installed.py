@@ -68,7 +68,7 @@ def test_launch_server_help_lists_restored_flag():
     assert "--cuda-graph-backend-prefill" in proc.stdout
 
 
-def test_restored_flag_selects_breakable_prefill_and_says_so():
+def test_restored_flag_selects_layerwise_and_says_so():
     code = (
         "import argparse, logging; logging.basicConfig(level=logging.WARNING)\n"
         "from sglang.srt.server_args import ServerArgs\n"
@@ -76,9 +76,13 @@ def test_restored_flag_selects_breakable_prefill_and_says_so():
         "a = p.parse_args(['--model-path', 'm', '--enable-piecewise-cuda-graph'])\n"
         "b = p.parse_args(['--model-path', 'm'])\n"
         "c = p.parse_args(['--model-path', 'm', '--disable-piecewise-cuda-graph', '--enable-piecewise-cuda-graph'])\n"
-        "print(a.cuda_graph_backend_prefill, b.cuda_graph_backend_prefill, c.cuda_graph_backend_prefill)\n"
+        "d = p.parse_args(['--model-path', 'm', '--enable-piecewise-cuda-graph', '--disable-piecewise-cuda-graph'])\n"
+        "for n in (a, b, c, d): print(n.cuda_graph_backend_decode, n.cuda_graph_backend_prefill)\n"
     )
     proc = py("-c", code)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.split()[-3:] == ["breakable", "None", "disabled"]
-    assert "--enable-piecewise-cuda-graph: selecting the Dynamo-free 'breakable'" in proc.stderr
+    rows = [ln.split() for ln in proc.stdout.splitlines()[-4:]]
+    assert rows == [["layerwise", "layerwise"], ["None", "None"],
+                    ["layerwise", "disabled"], ["layerwise", "disabled"]], proc.stdout
+    assert ("--enable-piecewise-cuda-graph: selecting the Dynamo-free 'layerwise' CUDA graph "
+            "backend for decode and prefill") in proc.stderr

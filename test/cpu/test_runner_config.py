@@ -320,7 +320,7 @@ def test_server_args_bad_json_key_names_the_argument(scenarios):
     assert r["exit"] == 2 and "--cuda-graph-config" in r["stderr"] and "bogus" in r["stderr"]
 
 
-def test_server_args_enable_piecewise_selects_breakable_prefill_until_layerwise_is_validated(scenarios):
+def test_server_args_enable_piecewise_selects_layerwise_for_both_phases(scenarios):
     r = scenarios["alias"]
-    assert r["prefill"]["backend"] == "breakable" and r["decode"]["backend"] != "layerwise"
-    assert r["dynamo_free"] is None
+    assert r["prefill"]["backend"] == "layerwise" and r["decode"]["backend"] == "layerwise"
+    assert r["dynamo_free"] == "1"

@@ -29,8 +29,9 @@ dequantization order.
 
 Environment: SGLANG_SM120_TINY_DIR caches the generated models (default: a pytest temp dir);
 SGLANG_SM120_GPU_QUICK=1 runs batch sizes {1, 17, 300} x lengths {7, 2000} only;
-SGLANG_SM120_RESULTS_DIR: also write layerwise-correctness-<model>.{json,md} there (merged
-over modes). Every engine runs with SGLANG_SM120_DYNAMO_FREE=1 (the eager MoE helpers layerwise
+SGLANG_SM120_RESULTS_DIR: also write layerwise-correctness-<model>[-tpN].{json,md} there (merged
+over modes); SGLANG_SM120_TP=N runs every engine with tensor parallelism N.
+Every engine runs with SGLANG_SM120_DYNAMO_FREE=1 (the eager MoE helpers layerwise
 needs), so the modes differ only in graph capture.
 
 Split per model/mode with -k, e.g. -k "qwen3_moe-bf16 and not every_size" (one reference engine
@@ -47,7 +48,7 @@ from pathlib import Path
 from typing import Dict, List, Optional
 
 import pytest
-from tinymodels import tiny_model, tiny_root  # noqa: F401 (fixture)
+from tinymodels import TP, tiny_model, tiny_root  # noqa: F401 (fixture)
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow]
 
@@ -231,6 +232,7 @@ def run_engine(model_dir: Path, mode: str, arch: str, groups, trap_log: Path, pa
         mem_fraction_static=0.7,
         disable_radix_cache=True,
         random_seed=0,
+        tp_size=TP,
         log_level="warning",
         **mode_kwargs(mode, arch),
     )
@@ -298,14 +300,16 @@ def _publish(arch, quant, capfd) -> str:
             }
         doc = {
             "model": f"{arch}-{quant}",
+            "tp_size": TP,
             "near_tie_eps": NEAR_TIE_EPS[quant],
             "targets": targets,
             "modes": {
                 m: {f"{k[0]}x{k[1]}": c.__dict__ for k, c in cells.items()} for m, cells in rows.items()
             },
         }
-        (out / f"layerwise-correctness-{arch}-{quant}.json").write_text(json.dumps(doc, indent=1))
-        (out / f"layerwise-correctness-{arch}-{quant}.md").write_text("```\n" + table + "\n```\n")
+        stem = f"layerwise-correctness-{arch}-{quant}" + (f"-tp{TP}" if TP > 1 else "")
+        (out / f"{stem}.json").write_text(json.dumps(doc, indent=1))
+        (out / f"{stem}.md").write_text("```\n" + table + "\n```\n")
     return table
 
 

@@ -21,7 +21,7 @@ import time
 import urllib.request
 
 import pytest
-from tinymodels import tiny_model, tiny_root  # noqa: F401 (fixture)
+from tinymodels import TP, tiny_model, tiny_root  # noqa: F401 (fixture)
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow]
 
@@ -96,6 +96,7 @@ def test_server_capture_and_mixed_load_under_traps(arch, quant, tiny_root, tmp_p
         sys.executable, "-m", "sglang.launch_server", "--model-path", str(model_dir),
         "--port", str(port), "--enable-piecewise-cuda-graph", "--attention-backend", "flashinfer",
         "--max-running-requests", "512", "--mem-fraction-static", "0.7", "--skip-tokenizer-init",
+        "--tp-size", str(TP),
     ]
     with open(log_path, "w") as log:
         proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)

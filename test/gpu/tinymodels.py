@@ -6,6 +6,9 @@ from pathlib import Path
 
 import pytest
 
+# Tensor-parallel size of the engines the layerwise GPU tests start (2 on a 2-GPU host: issue 7).
+TP = int(os.environ.get("SGLANG_SM120_TP", "1"))
+
 
 @pytest.fixture(scope="session")
 def tiny_root(tmp_path_factory) -> Path:

@@ -42,6 +42,11 @@ def main(argv=None) -> int:
         return 2
     os.makedirs(a.out, exist_ok=True)
     os.environ["TVM_FFI_CACHE_DIR"] = os.path.abspath(a.out)
+    # tvm-ffi derives the CUDA root from the nvcc on PATH; where that is a wrapper script
+    # (/usr/local/bin/nvcc on the build machine) the link step looks for libcudart in /usr/local.
+    if "CUDA_HOME" not in os.environ and os.path.isdir("/usr/local/cuda"):
+        os.environ["CUDA_HOME"] = "/usr/local/cuda"
+        print("[prebuild_jit] CUDA_HOME=/usr/local/cuda", flush=True)
     import importlib
 
     import torch

@@ -6,29 +6,26 @@ import logging
 
 logger = logging.getLogger(__name__)
 
-# The restored flag maps to upstream's Dynamo-free segmented prefill backend. It moves to the
-# layerwise runner (sglang.sm120.runner.config.select_layerwise_for_unset_phases) once that
-# runner's greedy outputs match graphs-disabled on a GPU; they did not yet (docs/runner.md).
-PIECEWISE_PREFILL_BACKEND = "breakable"
-
 
 class EnablePiecewiseCudaGraphAction(argparse.Action):
-    """`--enable-piecewise-cuda-graph` (removed upstream by 0.5.14) restored as a real flag.
-    An explicit prefill choice (`--disable-piecewise-cuda-graph`, `--cuda-graph-backend-prefill`)
-    wins in either order."""
+    """`--enable-piecewise-cuda-graph` (removed upstream by 0.5.14) restored as a real flag: it
+    selects the layerwise runner for every phase whose backend was not chosen explicitly, so
+    `--disable-piecewise-cuda-graph` and `--cuda-graph-backend-{decode,prefill}` win in either
+    order."""
 
     def __init__(self, option_strings, dest, **kwargs):
         kwargs.setdefault("nargs", 0)
         super().__init__(option_strings, dest, **kwargs)
 
     def __call__(self, parser, namespace, values, option_string=None):
-        if getattr(namespace, "cuda_graph_backend_prefill", None) is not None:
-            logger.warning("%s: prefill backend already chosen (%s); leaving it",
-                           option_string, namespace.cuda_graph_backend_prefill)
+        from sglang.sm120.runner.config import LAYERWISE, select_layerwise_for_unset_phases
+
+        phases = select_layerwise_for_unset_phases(namespace)
+        if not phases:
+            logger.warning("%s: decode and prefill backends already chosen (%s, %s); leaving them",
+                           option_string, namespace.cuda_graph_backend_decode,
+                           namespace.cuda_graph_backend_prefill)
             return
-        namespace.cuda_graph_backend_prefill = PIECEWISE_PREFILL_BACKEND
-        logger.warning(
-            "%s: selecting the Dynamo-free '%s' prefill CUDA graph backend "
-            "(same as --cuda-graph-backend-prefill=%s)",
-            option_string, PIECEWISE_PREFILL_BACKEND, PIECEWISE_PREFILL_BACKEND,
-        )
+        logger.warning("%s: selecting the Dynamo-free '%s' CUDA graph backend for %s "
+                       "(same as --cuda-graph-backend-%s=%s)", option_string, LAYERWISE,
+                       " and ".join(phases), "/".join(phases), LAYERWISE)

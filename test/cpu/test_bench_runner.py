@@ -1,0 +1,60 @@
+"""bench_runner's bookkeeping without a GPU: merging the halves run on two GPUs and the targets."""
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("bench_runner", REPO / "benchmarks" / "bench_runner.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _run(decode_ms, prefill_ms, capture, host_us=()):
+    return {
+        "command": "x", "decode_s": {str(b): v / 1e3 for b, v in decode_ms.items()},
+        "prefill_s": {str(t): v / 1e3 for t, v in prefill_ms.items()},
+        "capture_totals": capture,
+        "host_step": {"decode": [{"size": s, "step_host_us": u} for s, u in host_us]},
+    }
+
+
+def _cap(ps, pg, ds, dg):
+    return {"prefill": {"capture_s": ps, "graph_mem_gb": pg}, "decode": {"capture_s": ds, "graph_mem_gb": dg}}
+
+
+def test_merge_two_halves_and_compute_targets(bench, tmp_path):
+    a = {"commit": "abc", "tp_size": 1, "device": "H200", "runs": {
+        "disabled": _run({512: 60.0, 1024: 70.0}, {1024: 75.0, 4096: 100.0}, _cap(0, 0, 0, 0)),
+        "upstream": _run({64: 20.0, 256: 23.0, 512: 58.0}, {1024: 27.6, 4096: 60.6}, _cap(4.0, 0.7, 20.0, 0.7)),
+    }}
+    b = {"commit": "abc", "tp_size": 1, "device": "H200", "runs": {
+        "layerwise": _run({512: 30.0, 1024: 50.0}, {1024: 27.0, 4096: 61.0}, _cap(1.0, 0.3, 9.0, 0.5),
+                          host_us=[(512, 80.0), (1024, 120.0)]),
+        "layerwise_every_size": _run({64: 21.0, 256: 26.0}, {}, _cap(1.0, 0.3, 5.0, 0.3)),
+    }}
+    (tmp_path / "runner-a.json").write_text(json.dumps(a))
+    (tmp_path / "runner-b.json").write_text(json.dumps(b))
+    bench.main(["--tag", "m", "--merge", "a", "b", "--results-dir", str(tmp_path)])
+    doc = json.loads((tmp_path / "runner-m.json").read_text())
+    assert set(doc["runs"]) == {"disabled", "upstream", "layerwise", "layerwise_every_size"}
+    t = doc["targets"]
+    assert t["decode_speedup_vs_eager_bs512"] == {"value": 2.0, "target": ">= 1.6", "met": True}
+    assert t["decode_speedup_vs_eager_bs1024"]["value"] == 1.4 and not t["decode_speedup_vs_eager_bs1024"]["met"]
+    assert t["eager_moe_host_us_per_layer_bs512_1024"]["value"] == 120.0
+    assert t["every_size_vs_full_graph_bs64"]["met"] and not t["every_size_vs_full_graph_bs256"]["met"]
+    assert t["prefill_vs_breakable_4096"]["met"] is False and t["prefill_vs_breakable_1024"]["met"]
+    assert t["prefill_capture_time_vs_breakable"]["value"] == 0.25
+    md = (tmp_path / "runner-m.md").read_text()
+    assert "commit abc" in md and "| prefill_vs_breakable_4096 |" in md and "NO" in md
+
+
+def test_merge_of_a_missing_tag_is_refused(bench, tmp_path):
+    with pytest.raises(SystemExit, match="does not exist"):
+        bench.main(["--tag", "m", "--merge", "nope", "--results-dir", str(tmp_path)])
