@@ -86,3 +86,23 @@ def test_restored_flag_selects_layerwise_and_says_so():
                     ["layerwise", "disabled"], ["layerwise", "disabled"]], proc.stdout
     assert ("--enable-piecewise-cuda-graph: selecting the Dynamo-free 'layerwise' CUDA graph "
             "backend for decode and prefill") in proc.stderr
+
+
+def test_nvfp4_marlin_moe_runner_does_not_scale_twice():
+    """Patch 0301: top-k already carries routed_scaling_factor for ModelOpt NVFP4 MoE, so the
+    Marlin runner (SM80-SM90) must not multiply by it again; the layer keeps its config."""
+    code = (
+        "import warnings; warnings.filterwarnings('ignore')\n"
+        "import sglang.srt.layers.moe.utils as U\n"
+        "from sglang.srt.layers.moe.moe_runner.base import MoeRunnerConfig\n"
+        "from sglang.srt.layers.quantization import modelopt_quant as MQ\n"
+        "U.get_flags().moe.runner_backend = U.MoeRunnerBackend.MARLIN\n"
+        "for f in (2.5, None):\n"
+        "    m = MQ.ModelOptNvFp4FusedMoEMethod.__new__(MQ.ModelOptNvFp4FusedMoEMethod)\n"
+        "    m.create_moe_runner(None, MoeRunnerConfig(routed_scaling_factor=f))\n"
+        "    print('RESULT', f, m.runner.config.routed_scaling_factor, m.moe_runner_config.routed_scaling_factor)\n"
+    )
+    proc = py("-c", code)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = [ln.split()[1:] for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+    assert rows == [["2.5", "None", "2.5"], ["None", "None", "None"]], proc.stdout

@@ -80,6 +80,22 @@ def _selected_models(session) -> List[str]:
     return [m for m in MODELS if m in seen]
 
 
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(session, config, items):
+    """All serving tests of one model run back to back, in file order, its shutdown test last:
+    pytest's grouping by the module-scoped `server` parameter is best effort, and a model's server
+    is stopped when its group ends (the first H200 run interleaved groups and lost servers)."""
+    slots = [i for i, it in enumerate(items)
+             if "server" in getattr(getattr(it, "callspec", None), "params", {})]
+    def key(i):
+        it = items[i]
+        return (MODELS.index(it.callspec.params["server"]),
+                it.originalname == "test_shutdown_is_clean", i)
+    ordered = [items[i] for i in sorted(slots, key=key)]
+    for slot, it in zip(slots, ordered):
+        items[slot] = it
+
+
 @pytest.fixture(scope="session")
 def serving(request, tmp_path_factory):
     out = os.environ.get("OUT") or str(tmp_path_factory.mktemp("gpu-serving"))
@@ -143,15 +159,19 @@ def server(request, fleet, serving):
     """The running server of one model (indirect parameter: the model id)."""
     model = request.param
     srv = fleet.launch(model)
+    if srv.shutdown is not None:
+        raise harness.ServerError(f"{model}: server already stopped by its shutdown test "
+                                  f"(a test of this model was ordered after it)")
     try:
         t = srv.wait_ready(STARTUP_TIMEOUT, progress=serving.say)
     except harness.ServerError:
         serving.record(model, "startup", "failed")
         srv.stop()
         raise
-    serving.say(f"{model}: ready after {t:.1f}s")
-    serving.record(model, "ready_s", round(t, 1))
+    if "ready_s" not in serving.results.get(model, {}):
+        serving.say(f"{model}: ready after {t:.1f}s")
+        serving.record(model, "ready_s", round(t, 1))
+    # No stop here: pytest may set this fixture up again for the same model (its parametrization
+    # key includes the index in each test's id list), so the server lives until that model's
+    # test_shutdown_is_clean, ordered last by pytest_collection_modifyitems, or the session end.
     yield srv
-    report = srv.stop()
-    serving.record(model, "shutdown", report.__dict__)
-    serving.say(f"{model}: stopped in {report.seconds:.1f}s (clean={report.clean})")

@@ -1,8 +1,12 @@
 """Warm what the serving path JIT-compiles outside the model forward, before the traps arm.
 
-The runners' warm pass covers every captured forward. Sampling is not part of the forward: with
-sglang's default sampling backend (FlashInfer) the first non-greedy request JIT-builds the
-sampling kernels (a compiler subprocess). Run each sampling entry point sglang uses once here.
+The runners' warm pass covers every captured forward. Two things run outside it on the first
+request and would JIT-compile (a compiler subprocess) after capture:
+  - sampling: with sglang's default sampling backend (FlashInfer) the first non-greedy request
+    builds the sampling kernels; each entry point sglang uses runs once here;
+  - the scheduler's KV-index write for extend batches (Triton `write_req_to_token_pool_triton`,
+    first H200 trap run): Triton specialises on 16-byte pointer alignment, and `out_cache_loc` is
+    a slice of the allocator's free list at any offset, so both alignments are built.
 Best effort: a failure is logged, never fatal (the trap would then name what still compiles).
 """
 from __future__ import annotations
@@ -32,3 +36,27 @@ def warm_sampling(model_runner) -> None:
         torch.cuda.synchronize()
     except Exception as e:  # noqa: BLE001
         logger.warning("layerwise: could not pre-build FlashInfer sampling kernels: %s", e)
+
+
+def warm_kv_index_writes(model_runner) -> None:
+    try:
+        from sglang.kernels.ops.memory.common import write_req_to_token_pool_triton
+        from sglang.srt.utils.common import support_triton
+
+        if not support_triton(model_runner.server_args.attention_backend):
+            return
+        req_to_token = model_runner.req_to_token_pool.req_to_token
+        device = req_to_token.device
+        zeros = lambda: torch.zeros(1, dtype=torch.int64, device=device)  # noqa: E731
+        prefix = zeros()
+        pointers = torch.tensor([prefix.data_ptr()], dtype=torch.uint64, device=device)
+        locs = torch.zeros(4, dtype=torch.int64, device=device)
+        for out_cache_loc in (locs, locs[1:]):  # 16-byte aligned and not
+            # prefix and extend lengths 0: the kernel writes nothing into the pool
+            write_req_to_token_pool_triton[(1,)](
+                req_to_token, zeros(), pointers, zeros(), zeros(), zeros(), out_cache_loc,
+                req_to_token.shape[1],
+            )
+        torch.cuda.synchronize()
+    except Exception as e:  # noqa: BLE001
+        logger.warning("layerwise: could not pre-build the KV-index write kernel: %s", e)
