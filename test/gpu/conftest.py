@@ -65,7 +65,8 @@ class Session:
         path = os.path.join(self.out_dir, "gpu_serving_summary.json")
         with open(path, "w") as f:
             json.dump({"elapsed_s": round(time.time() - self.t0, 1),
-                       "server_args": harness.server_args(), "parallel": PARALLEL,
+                       "server_args": harness.server_args(),
+                       "extra_server_args": harness.EXTRA_SERVER_ARGS, "parallel": PARALLEL,
                        "models": self.results, "progress": self.lines}, f, indent=1)
         return path
 
@@ -133,7 +134,8 @@ class Fleet:
     def launch(self, model: str) -> harness.Server:
         if model not in self.servers:
             srv = harness.Server(name=model, model_dir=self.dirs[model],
-                                 log_path=os.path.join(self.serving.out_dir, f"server-{model}.log"))
+                                 log_path=os.path.join(self.serving.out_dir, f"server-{model}.log"),
+                                 args=harness.server_args(model))
             srv.start()
             self.servers[model] = srv
             self.serving.say(f"{model}: launched on port {srv.port}, log {srv.log_path}")

@@ -52,9 +52,16 @@ ENV_SERVER_ARGS = "SGLANG_SM120_TEST_SERVER_ARGS"
 TINY_MODELS = ["qwen3_moe-bf16", "qwen3_moe-nvfp4", "deepseek_v2-bf16", "deepseek_v2-nvfp4"]
 
 
-def server_args() -> List[str]:
+# Extra flags by model suffix. NVFP4 runs through Marlin on SM80-SM90, whose MoE reduces with
+# atomic adds: identical greedy requests diverged on the H200 (first run) until deterministic
+# inference turned that off (patch 0302).
+EXTRA_SERVER_ARGS = {"-nvfp4": ["--enable-deterministic-inference"]}
+
+
+def server_args(model: str = "") -> List[str]:
     raw = os.environ.get(ENV_SERVER_ARGS)
-    return shlex.split(raw) if raw is not None else list(DEFAULT_SERVER_ARGS)
+    base = shlex.split(raw) if raw is not None else list(DEFAULT_SERVER_ARGS)
+    return base + [a for suffix, extra in EXTRA_SERVER_ARGS.items() if model.endswith(suffix) for a in extra]
 
 
 def free_port() -> int:

@@ -6,7 +6,11 @@ request and would JIT-compile (a compiler subprocess) after capture:
     builds the sampling kernels; each entry point sglang uses runs once here;
   - the scheduler's KV-index write for extend batches (Triton `write_req_to_token_pool_triton`,
     first H200 trap run): Triton specialises on 16-byte pointer alignment, and `out_cache_loc` is
-    a slice of the allocator's free list at any offset, so both alignments are built.
+    a slice of the allocator's free list at any offset, so both alignments are built;
+  - FlashInfer's KV-index build (Triton `create_flashinfer_kv_indices_triton`) for batches that
+    run eagerly (sizes outside the captured set; second H200 trap run): the eager path passes
+    int64 request/length tensors where the captured path's buffers may be int32, and Triton
+    compiles per dtype and per None-ness of `kv_start_idx`, so every combination is built.
 Best effort: a failure is logged, never fatal (the trap would then name what still compiles).
 """
 from __future__ import annotations
@@ -60,3 +64,32 @@ def warm_kv_index_writes(model_runner) -> None:
         torch.cuda.synchronize()
     except Exception as e:  # noqa: BLE001
         logger.warning("layerwise: could not pre-build the KV-index write kernel: %s", e)
+
+
+def _uses_flashinfer(server_args) -> bool:
+    names = ("attention_backend", "prefill_attention_backend", "decode_attention_backend")
+    return any(getattr(server_args, n, None) == "flashinfer" for n in names)
+
+
+def warm_flashinfer_kv_indices(model_runner) -> None:
+    if not _uses_flashinfer(model_runner.server_args):
+        return
+    try:
+        from sglang.kernels.ops.kvcache.kv_indices import create_flashinfer_kv_indices_triton
+
+        req_to_token = model_runner.req_to_token_pool.req_to_token
+        device = req_to_token.device
+        indptr = torch.zeros(2, dtype=torch.int32, device=device)
+        indices = torch.zeros(8, dtype=torch.int32, device=device)
+        for req_dtype in (torch.int64, torch.int32):
+            for len_dtype in (torch.int64, torch.int32):
+                for start in (None, torch.zeros(1, dtype=torch.int64, device=device)):
+                    # length 0: reads no pool row, writes no index
+                    create_flashinfer_kv_indices_triton[(1,)](
+                        req_to_token, torch.zeros(1, dtype=req_dtype, device=device),
+                        torch.zeros(1, dtype=len_dtype, device=device), indptr, start, indices,
+                        req_to_token.shape[1],
+                    )
+        torch.cuda.synchronize()
+    except Exception as e:  # noqa: BLE001
+        logger.warning("layerwise: could not pre-build FlashInfer's KV-index kernel: %s", e)
