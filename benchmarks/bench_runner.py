@@ -44,6 +44,8 @@ REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "benchmarks" / "results"
 
 sys.path.insert(0, str(REPO / "python"))
+sys.path.insert(0, str(REPO / "benchmarks"))
+from _results import commit, target as _target  # noqa: E402
 from sglang.sm120.model_shapes import QWEN3_30B_A3B_CONFIG as QWEN3_30B_A3B  # noqa: E402
 # REFERENCE.md's tiny random Qwen3-MoE (the "did not finish warmup in 170 s" measurement).
 TINY_QWEN3_MOE = dict(
@@ -111,10 +113,16 @@ def run_one_batch(model_dir: Path, name: str, extra: List[str], workdir: Path, t
     env = dict(os.environ, SGLANG_SM120_LAYERWISE_TIMING="1")
     print(f"[bench_runner] {name}: {' '.join(cmd)}", flush=True)
     t0 = time.time()
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+    log_path = workdir / f"{name}.log"
+    # Streamed to the file (not captured) so a run stopped at its limit leaves its log behind.
+    with open(log_path, "w") as log_file:
+        try:
+            proc = subprocess.run(cmd, env=env, stdout=log_file, stderr=subprocess.STDOUT, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise SystemExit(f"{name}: one_batch still running after {timeout} s; log: {log_path}\n"
+                             f"{log_path.read_text(errors='replace')[-3000:]}")
     wall = time.time() - t0
-    log = proc.stdout + "\n" + proc.stderr
-    (workdir / f"{name}.log").write_text(log)
+    log = log_path.read_text(errors="replace")
     if proc.returncode != 0:
         raise SystemExit(f"{name}: one_batch failed (rc={proc.returncode}); log: {workdir / (name + '.log')}\n{log[-3000:]}")
     rows = [json.loads(line) for line in jsonl.read_text().splitlines() if line.strip()]
@@ -152,10 +160,6 @@ def run_one_batch(model_dir: Path, name: str, extra: List[str], workdir: Path, t
 
 def _ratio(a: Optional[float], b: Optional[float]) -> Optional[float]:
     return round(a / b, 4) if a is not None and b not in (None, 0) else None
-
-
-def _target(value, target, ok) -> dict:
-    return {"value": value, "target": target, "met": bool(value is not None and ok(value))}
 
 
 def compute_targets(runs: Dict[str, dict]) -> Dict[str, dict]:
@@ -209,17 +213,6 @@ def render_md(result: dict) -> str:
         lines.append(f"| {k} | {v['value']} | {v['target']} | {'yes' if v['met'] else 'NO'} |")
     lines += ["", "Commands:", ""] + [f"- `{runs[n]['command']}`" for n in names]
     return "\n".join(lines) + "\n"
-
-
-def commit() -> str:
-    """The commit measured: SGLANG_SM120_COMMIT (the GPU host's copy has no .git), else git."""
-    if os.environ.get("SGLANG_SM120_COMMIT"):
-        return os.environ["SGLANG_SM120_COMMIT"]
-    try:
-        return subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True,
-                              text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 def device_name() -> str:

@@ -24,13 +24,7 @@ from sglang.sm120.tiny.spec import default_spec
 SMALL = dict(layers=2, experts=4, top_k=2, vocab=512)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """The reference forward is many tiny ops: one thread is far faster on a busy 2-core box."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _sha(d, name):

@@ -19,6 +19,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from pathlib import Path
 
 import pytest
 from tinymodels import TP, tiny_model, tiny_root  # noqa: F401 (fixture)
@@ -89,7 +90,11 @@ def test_server_capture_and_mixed_load_under_traps(arch, quant, tiny_root, tmp_p
     model_dir = tiny_model(tiny_root, arch, quant)
     vocab = json.loads((model_dir / "config.json").read_text())["vocab_size"]
     trap_log = tmp_path / "traps.jsonl"
-    log_path = tmp_path / "server.log"
+    # The server log goes where the caller collects results (a run stopped at a device-call limit
+    # lost it in pytest's tmp dir once).
+    out_dir = Path(os.environ.get("SGLANG_SM120_RESULTS_DIR") or tmp_path)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    log_path = out_dir / f"traps-server-{arch}-{quant}{'-tp%d' % TP if TP > 1 else ''}.log"
     port = free_port()
     env = dict(os.environ, SGLANG_SM120_TRAPS="raise", SGLANG_SM120_TRAP_LOG=str(trap_log))
     cmd = [

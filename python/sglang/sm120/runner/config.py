@@ -216,8 +216,9 @@ def finalize(sa) -> Optional[Resolution]:
             )
         return None
     logger.warning(
-        "layerwise CUDA graphs are EXPERIMENTAL in this release: on the H200 their greedy outputs "
-        "did not yet match graphs-disabled (docs/runner.md); phases: %s", ", ".join(phases),
+        "layerwise CUDA graphs are EXPERIMENTAL in this release: validated on the H200 for one "
+        "tiny model only (same greedy tokens as upstream's full graphs), not yet benchmarked "
+        "(docs/runner.md); phases: %s", ", ".join(phases),
     )
     fallbacks = {}
     for phase in phases:

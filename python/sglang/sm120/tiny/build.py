@@ -93,10 +93,13 @@ def reference_scores(s: TinySpec, w: Dict[str, torch.Tensor], qw: Optional[Dict[
 
 
 def build(out_dir: str, s: TinySpec, force: bool = False,
-          log: Callable[[str], None] = _log) -> str:
+          log: Callable[[str], None] = _log, write: Optional[Callable] = None) -> str:
     """Build the model into out_dir (written to a temp dir first, then renamed, so a
-    directory that exists is always complete). Returns out_dir."""
-    spec_mod.validate(s)
+    directory that exists is always complete). Returns out_dir. `write(dir, spec, log, t0)`
+    replaces the tiny writer (fullsize.py; it validates its own spec)."""
+    if write is None:
+        spec_mod.validate(s)
+        write = _write
     out_dir = os.path.abspath(out_dir)
     if os.path.exists(out_dir) and os.listdir(out_dir) and not force:
         raise FileExistsError(f"--out: {out_dir} exists and is not empty (pass --force to replace it)")
@@ -105,7 +108,7 @@ def build(out_dir: str, s: TinySpec, force: bool = False,
     t0 = time.time()
     tmp = tempfile.mkdtemp(prefix=".tiny-", dir=parent)
     try:
-        _write(tmp, s, log, t0)
+        write(tmp, s, log, t0)
         os.chmod(tmp, 0o755)  # mkdtemp makes it private; the server may run as another user
         for f in os.listdir(tmp):
             os.chmod(os.path.join(tmp, f), 0o644)
@@ -138,13 +141,11 @@ def _write(d: str, s: TinySpec, log, t0: float) -> None:
         _write_files(d, s, log, t0)
 
 
-def _write_files(d: str, s: TinySpec, log, t0: float) -> None:
-    from safetensors.torch import save_file
-
-    def step(msg):
-        log(f"{s.name}: {msg} ({time.time() - t0:.1f}s)")
-
-    tok = tok_mod.build_tokenizer(s.vocab)
+def write_tokenizer_and_config(d: str, s: TinySpec, tokenizer_vocab: Optional[int] = None):
+    """tokenizer files, config.json, generation_config.json; returns (tokenizer, special ids).
+    The tokenizer has s.vocab tokens unless `tokenizer_vocab` is given (then config.json's
+    vocab_size may exceed it, as in real checkpoints whose embedding is padded)."""
+    tok = tok_mod.build_tokenizer(tokenizer_vocab or s.vocab)
     ids = tok_mod.save_tokenizer_files(tok, d, s.max_position)
     _dump_json(os.path.join(d, "config.json"), spec_mod.hf_config(s, ids))
     _dump_json(os.path.join(d, "generation_config.json"), {
@@ -152,6 +153,16 @@ def _write_files(d: str, s: TinySpec, log, t0: float) -> None:
         "eos_token_id": [ids["eos"], ids["im_end"]],
         "pad_token_id": ids["pad"],
     })
+    return tok, ids
+
+
+def _write_files(d: str, s: TinySpec, log, t0: float) -> None:
+    from safetensors.torch import save_file
+
+    def step(msg):
+        log(f"{s.name}: {msg} ({time.time() - t0:.1f}s)")
+
+    tok, ids = write_tokenizer_and_config(d, s)
     step("tokenizer and config")
 
     w = weights.init_weights(s)

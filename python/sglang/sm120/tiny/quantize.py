@@ -27,7 +27,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
-from typing import Dict, List, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import torch
 
@@ -106,12 +106,14 @@ def rounded_amax(amax: float) -> float:
 
 
 def quantize_checkpoint(s: TinySpec, weights: Dict[str, torch.Tensor],
-                        input_amax: Dict[str, float]) -> Dict[str, torch.Tensor]:
+                        input_amax: Dict[str, float],
+                        groups: Optional[List[QuantGroup]] = None) -> Dict[str, torch.Tensor]:
     """Return the NVFP4 state dict: quantized members carry weight / weight_scale /
-    weight_scale_2 / input_scale; every other tensor is passed through unchanged (bf16)."""
+    weight_scale_2 / input_scale; every other tensor is passed through unchanged (bf16).
+    `groups` (default: the whole model's) lets a caller quantize one layer at a time."""
     out: Dict[str, torch.Tensor] = {}
     quantized = set()
-    for g in quant_groups(s):
+    for g in quant_groups(s) if groups is None else groups:
         ws = [weights[m + ".weight"] for m in g.members]
         # shared global (decode) scale = amax over all members / (6 * 448), the ModelOpt rule
         shared_ws2 = nvfp4.input_scale_from_amax(max(w.float().abs().max() for w in ws))

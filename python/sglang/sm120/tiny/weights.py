@@ -27,19 +27,23 @@ Named = List[Tuple[str, torch.Tensor]]
 
 
 class _Draw:
-    def __init__(self, seed: int):
-        self.g = torch.Generator(device="cpu")
+    """Draws on `device` from one generator there (a CUDA generator gives other numbers than
+    the CPU one, so only full-size models, which have no CPU reference, draw on a GPU)."""
+
+    def __init__(self, seed: int, device: str = "cpu"):
+        self.g = torch.Generator(device=device)
         self.g.manual_seed(seed)
+        self.device = torch.device(device)
 
     def normal(self, shape, std: float, dtype=torch.bfloat16) -> torch.Tensor:
-        t = torch.randn(*shape, generator=self.g, dtype=torch.float32) * std
+        t = torch.randn(*shape, generator=self.g, dtype=torch.float32, device=self.device) * std
         return t.to(dtype)
 
     def linear(self, n: int, k: int, gain: float = 1.0) -> torch.Tensor:
         return self.normal((n, k), gain / math.sqrt(k))
 
     def norm(self, n: int) -> torch.Tensor:
-        return (1.0 + torch.randn(n, generator=self.g) * NORM_JITTER).to(torch.bfloat16)
+        return (1.0 + torch.randn(n, generator=self.g, device=self.device) * NORM_JITTER).to(torch.bfloat16)
 
 
 def _mlp(d: _Draw, prefix: str, hidden: int, inter: int) -> Named:
@@ -95,22 +99,36 @@ def _mla_attention(d: _Draw, p: str, s: TinySpec) -> Named:
     return out
 
 
+def embedding(d: _Draw, s: TinySpec) -> Named:
+    return [("model.embed_tokens.weight", d.normal((s.vocab, s.hidden), 1.0))]
+
+
+def layer(d: _Draw, s: TinySpec, i: int) -> Named:
+    """Decoder layer i, drawn in checkpoint order."""
+    p = f"model.layers.{i}"
+    named: Named = [(f"{p}.input_layernorm.weight", d.norm(s.hidden))]
+    if s.arch == "qwen3_moe":
+        named += _qwen3_attention(d, f"{p}.self_attn", s)
+    else:
+        named += _mla_attention(d, f"{p}.self_attn", s)
+    named.append((f"{p}.post_attention_layernorm.weight", d.norm(s.hidden)))
+    if s.arch == "deepseek_v2" and i < s.dense_layers:
+        named += _mlp(d, f"{p}.mlp", s.hidden, s.dense_intermediate)
+    else:
+        named += _experts(d, f"{p}.mlp", s)
+    return named
+
+
+def head(d: _Draw, s: TinySpec) -> Named:
+    return [("model.norm.weight", d.norm(s.hidden)),
+            ("lm_head.weight", d.linear(s.vocab, s.hidden, LOGIT_STD))]
+
+
 def init_weights(s: TinySpec) -> Dict[str, torch.Tensor]:
     """All bf16 tensors (the DeepSeek expert bias is fp32, as in DeepSeek-V3), HF names."""
     d = _Draw(s.seed)
-    named: Named = [("model.embed_tokens.weight", d.normal((s.vocab, s.hidden), 1.0))]
+    named = embedding(d, s)
     for i in range(s.layers):
-        p = f"model.layers.{i}"
-        named.append((f"{p}.input_layernorm.weight", d.norm(s.hidden)))
-        if s.arch == "qwen3_moe":
-            named += _qwen3_attention(d, f"{p}.self_attn", s)
-        else:
-            named += _mla_attention(d, f"{p}.self_attn", s)
-        named.append((f"{p}.post_attention_layernorm.weight", d.norm(s.hidden)))
-        if s.arch == "deepseek_v2" and i < s.dense_layers:
-            named += _mlp(d, f"{p}.mlp", s.hidden, s.dense_intermediate)
-        else:
-            named += _experts(d, f"{p}.mlp", s)
-    named.append(("model.norm.weight", d.norm(s.hidden)))
-    named.append(("lm_head.weight", d.linear(s.vocab, s.hidden, LOGIT_STD)))
+        named += layer(d, s, i)
+    named += head(d, s)
     return dict(named)

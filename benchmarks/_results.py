@@ -1,0 +1,54 @@
+"""Bookkeeping shared by the benchmark scripts: the commit measured, target records, results files.
+
+A results file is one JSON document per tag in benchmarks/results/; scripts that run in pieces
+(one GPU-host command each) merge every piece into it, so the file always holds everything
+measured so far, with a top-level "targets" object ({name: {value, target, met}}).
+"""
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import subprocess
+from pathlib import Path
+from typing import Callable, Optional
+
+REPO = Path(__file__).resolve().parent.parent
+RESULTS = REPO / "benchmarks" / "results"
+
+
+def commit() -> str:
+    """The commit measured: SGLANG_SM120_COMMIT (the GPU host's copy has no .git), else git."""
+    if os.environ.get("SGLANG_SM120_COMMIT"):
+        return os.environ["SGLANG_SM120_COMMIT"]
+    try:
+        return subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True,
+                              text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def target(value, threshold: str, ok: Callable[[float], bool]) -> dict:
+    """One entry of a results file's "targets": a missing measurement is never met."""
+    return {"value": value, "target": threshold, "met": bool(value is not None and ok(value))}
+
+
+def ratio(a: Optional[float], b: Optional[float], digits: int = 4) -> Optional[float]:
+    return round(a / b, digits) if a is not None and b not in (None, 0) else None
+
+
+def utc_now() -> str:
+    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def load(path: Path, empty: dict) -> dict:
+    """The document at path, or `empty` when there is none yet."""
+    return json.loads(path.read_text()) if path.exists() else dict(empty)
+
+
+def save(path: Path, doc: dict) -> None:
+    """Write atomically: a command killed at the host's time limit leaves the last good file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(doc, indent=1) + "\n")
+    os.replace(tmp, path)

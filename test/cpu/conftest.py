@@ -1,0 +1,13 @@
+"""Fixtures shared by the CPU tests."""
+import pytest
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """Reference forwards are many tiny ops: one torch thread is far faster on a busy 2-core box."""
+    import torch
+
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
