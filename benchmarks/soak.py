@@ -215,7 +215,10 @@ def main(argv=None) -> int:
     workdir = Path(a.workdir or tempfile.mkdtemp(prefix="soak_"))
     out = Path(a.results_dir) / f"soak-{a.tag}.json"
     model = setup.prepare_model(a.model_dir, a.layers)
-    flags = setup.common_flags(a.mem_fraction_static, a.concurrency) + setup.CONFIGS[a.config] + shlex.split(a.server_args)
+    # --reject-unknown-model (patch 0401): the soak's unknown-model cases must get a 404, which
+    # upstream never sends (it serves any `model`).
+    flags = (setup.common_flags(a.mem_fraction_static, a.concurrency) + setup.CONFIGS[a.config]
+             + ["--reject-unknown-model"] + shlex.split(a.server_args))
     if a.context_length:
         flags += ["--context-length", str(a.context_length)]
     doc = {"tag": a.tag, "commit": _results.commit(), "command": " ".join([os.path.basename(sys.executable), *sys.argv]),
