@@ -47,7 +47,8 @@ def warm_kv_index_writes(model_runner) -> None:
         from sglang.kernels.ops.memory.common import write_req_to_token_pool_triton
         from sglang.srt.utils.common import support_triton
 
-        if not support_triton(model_runner.server_args.attention_backend):
+        server_args = getattr(model_runner, "server_args", None)
+        if server_args is None or not support_triton(server_args.attention_backend):
             return
         req_to_token = model_runner.req_to_token_pool.req_to_token
         device = req_to_token.device
@@ -72,7 +73,7 @@ def _uses_flashinfer(server_args) -> bool:
 
 
 def warm_flashinfer_kv_indices(model_runner) -> None:
-    if not _uses_flashinfer(model_runner.server_args):
+    if not _uses_flashinfer(getattr(model_runner, "server_args", None)):
         return
     try:
         from sglang.kernels.ops.kvcache.kv_indices import create_flashinfer_kv_indices_triton
