@@ -382,3 +382,27 @@ def test_demo_dry_run_builds_once_and_prints_the_server_command(tmp_path, capsys
     assert cmd[0].index("--attention-backend triton") < cmd[0].index("--attention-backend flashinfer")
     assert demo.main(args) == 0
     assert "using cached model" in capsys.readouterr().err
+
+
+def test_serving_targets_from_recorded_results():
+    """The GPU serving summary's `targets`: every recorded criterion, met or missed."""
+    models = {
+        "a-bf16": {"ready_s": 100.0, "greedy_repeat_identical": True,
+                   "vs_reference_bf16": {"top1": 0.99, "corr": 0.9999, "positions": 10},
+                   "shutdown": {"clean": True}},
+        "a-nvfp4": {"ready_s": 110.0, "greedy_repeat_identical": False,
+                    "vs_reference_w4a16": {"top1": 0.80, "corr": 0.999, "positions": 10},
+                    "vs_bf16": {"top1": 0.6, "corr": 0.95, "positions": 10,
+                                "limits": {"min_top1": 0.55, "max_decorrelation": 0.03}},
+                    "shutdown": {"clean": False}},
+        "b-bf16": {},  # never became ready
+    }
+    t = agreement.serving_targets(models)
+    assert t["a-bf16_vs_reference_bf16_top1"]["met"] and t["a-bf16_shutdown_clean"]["met"]
+    assert t["a-bf16_greedy_repeat_identical"]["met"]
+    assert not t["a-nvfp4_vs_reference_w4a16_top1"]["met"]
+    assert t["a-nvfp4_vs_reference_w4a16_decorrelation"]["met"]
+    assert t["a-nvfp4_vs_bf16_top1"]["met"] and not t["a-nvfp4_vs_bf16_decorrelation"]["met"]
+    assert not t["a-nvfp4_greedy_repeat_identical"]["met"] and not t["a-nvfp4_shutdown_clean"]["met"]
+    assert t["b-bf16_started"] == {"value": None, "target": "ready (s)", "met": False}
+    assert "b-bf16_shutdown_clean" not in t

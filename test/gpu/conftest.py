@@ -62,11 +62,14 @@ class Session:
         self.results.setdefault(model, {})[key] = value
 
     def write_summary(self) -> str:
+        from sglang.sm120.tiny.agreement import serving_targets
+
         path = os.path.join(self.out_dir, "gpu_serving_summary.json")
         with open(path, "w") as f:
             json.dump({"elapsed_s": round(time.time() - self.t0, 1),
                        "server_args": harness.server_args(),
                        "extra_server_args": harness.EXTRA_SERVER_ARGS, "parallel": PARALLEL,
+                       "targets": serving_targets(self.results),
                        "models": self.results, "progress": self.lines}, f, indent=1)
         return path
 

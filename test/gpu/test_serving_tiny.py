@@ -85,6 +85,8 @@ def test_generate_greedy_is_deterministic(server, serving):
     second = _generate(server, payload)
     single = [_generate(server, {"text": p, "sampling_params": payload["sampling_params"]})
               for p in GENERATE_PROMPTS[:1]]
+    serving.record(server.name, "greedy_repeat_identical",
+                   [r["output_ids"] for r in first] == [r["output_ids"] for r in second])
     assert [r["output_ids"] for r in first] == [r["output_ids"] for r in second]
     assert [r["text"] for r in first] == [r["text"] for r in second]
     for r in first:

@@ -115,3 +115,35 @@ def nvfp4_mode_for_capability(major: int) -> str:
     """Which simulation matches sglang's NVFP4 path on a GPU of this compute capability:
     Marlin W4A16 on SM80-SM90, activation-quantizing W4A4 kernels on SM100 and newer."""
     return "w4a16" if major < 10 else "w4a4"
+
+
+def _target(value, threshold: str, met: bool) -> Dict:
+    return {"value": value, "target": threshold, "met": bool(met)}
+
+
+def serving_targets(models: Dict[str, Dict]) -> Dict[str, Dict]:
+    """The GPU serving suite's criteria as a results `targets` object, from the values the suite
+    recorded per model (a criterion whose value was not recorded is left out, not guessed)."""
+    t: Dict[str, Dict] = {}
+    for model, r in models.items():
+        t[f"{model}_started"] = _target(r.get("ready_s"), "ready (s)", "ready_s" in r)
+        for key, res in r.items():
+            if key.startswith("vs_reference_"):
+                dec = 1.0 - res["corr"]
+                t[f"{model}_{key}_top1"] = _target(res["top1"], f">= {REFERENCE_MIN_TOP1}",
+                                                   res["top1"] >= REFERENCE_MIN_TOP1)
+                t[f"{model}_{key}_decorrelation"] = _target(
+                    dec, f"<= {REFERENCE_MAX_DECORRELATION}", dec <= REFERENCE_MAX_DECORRELATION)
+        if "vs_bf16" in r:
+            res, lim = r["vs_bf16"], r["vs_bf16"]["limits"]
+            dec = 1.0 - res["corr"]
+            t[f"{model}_vs_bf16_top1"] = _target(res["top1"], f">= {lim['min_top1']:.4f}",
+                                                 res["top1"] >= lim["min_top1"])
+            t[f"{model}_vs_bf16_decorrelation"] = _target(
+                dec, f"<= {lim['max_decorrelation']:.4f}", dec <= lim["max_decorrelation"])
+        if "greedy_repeat_identical" in r:
+            t[f"{model}_greedy_repeat_identical"] = _target(
+                r["greedy_repeat_identical"], "true", r["greedy_repeat_identical"])
+        if "shutdown" in r:
+            t[f"{model}_shutdown_clean"] = _target(r["shutdown"]["clean"], "true", r["shutdown"]["clean"])
+    return t
