@@ -94,7 +94,3 @@ def server_facts(url: str) -> dict:
     except Exception as e:  # noqa: BLE001 -- facts are optional decoration
         return {"error": f"/server_info: {e}"}
     return {k: info[k] for k in SERVER_FACTS if k in info}
-
-
-def log_tail(path: str, lines: int = 60) -> str:
-    return harness.log_tail(path, lines)

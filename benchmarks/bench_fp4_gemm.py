@@ -19,7 +19,6 @@ import math
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import time
 import traceback
@@ -30,7 +29,8 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO / "python") not in sys.path:
     sys.path.insert(0, str(REPO / "python"))
-
+sys.path.insert(0, str(REPO / "benchmarks"))
+from _results import commit  # noqa: E402
 
 
 def _import_overlay():
@@ -163,14 +163,6 @@ def marlin_layer(q, n, k, prepare):
     layer.params_dtype = torch.bfloat16
     prepare(layer)
     return layer
-
-
-def git_commit():
-    try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True,
-                              check=True).stdout.strip()
-    except Exception:
-        return "unknown (no git checkout)"
 
 
 def bench_shape(name, n, k, ms, l2, copy_bw, marlin, reps, log):
@@ -352,7 +344,7 @@ def main():
     date = _dt.date.today().isoformat()
     meta = {"date": date, "device": props.name, "capability": list(torch.cuda.get_device_capability(0)),
             "sm_count": props.multi_processor_count, "l2_bytes": l2, "torch": torch.__version__,
-            "cuda": torch.version.cuda, "commit": git_commit(),
+            "cuda": torch.version.cuda, "commit": commit(),
             "command": "PYTHONPATH=python python3 benchmarks/bench_fp4_gemm.py " + " ".join(sys.argv[1:]),
             "kernel_archs": K.build_archs(), "reps": args.reps if not args.quick else 7}
     log(f"device {props.name} sm_{meta['capability'][0]}{meta['capability'][1]}, {props.multi_processor_count} SMs, "

@@ -29,7 +29,6 @@ configuration with tensor parallelism 2 (issue 7).
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import os
 import re
@@ -38,14 +37,14 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, List
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "benchmarks" / "results"
 
 sys.path.insert(0, str(REPO / "python"))
 sys.path.insert(0, str(REPO / "benchmarks"))
-from _results import commit, target as _target  # noqa: E402
+from _results import commit, ratio, save, target as _target, utc_now  # noqa: E402
 from sglang.sm120.model_shapes import QWEN3_30B_A3B_CONFIG as QWEN3_30B_A3B  # noqa: E402
 # REFERENCE.md's tiny random Qwen3-MoE (the "did not finish warmup in 170 s" measurement).
 TINY_QWEN3_MOE = dict(
@@ -158,17 +157,13 @@ def run_one_batch(model_dir: Path, name: str, extra: List[str], workdir: Path, t
     }
 
 
-def _ratio(a: Optional[float], b: Optional[float]) -> Optional[float]:
-    return round(a / b, 4) if a is not None and b not in (None, 0) else None
-
-
 def compute_targets(runs: Dict[str, dict]) -> Dict[str, dict]:
     t: Dict[str, dict] = {}
     dis, up = runs.get("disabled"), runs.get("upstream")
     lw, every = runs.get("layerwise"), runs.get("layerwise_every_size")
     if dis and lw:
         for bs in ("512", "1024"):
-            sp = _ratio(dis["decode_s"].get(bs), lw["decode_s"].get(bs))
+            sp = ratio(dis["decode_s"].get(bs), lw["decode_s"].get(bs))
             t[f"decode_speedup_vs_eager_bs{bs}"] = _target(sp, ">= 1.6", lambda v: v >= 1.6)
     if lw:
         us = [s["step_host_us"] for s in lw["host_step"].get("decode", []) if s["size"] >= 512]
@@ -176,15 +171,15 @@ def compute_targets(runs: Dict[str, dict]) -> Dict[str, dict]:
         t["eager_moe_host_us_per_layer_bs512_1024"] = _target(worst, "<= 100", lambda v: v <= 100)
     if every and up:
         for bs in ("64", "256"):
-            r = _ratio(every["decode_s"].get(bs), up["decode_s"].get(bs))
+            r = ratio(every["decode_s"].get(bs), up["decode_s"].get(bs))
             t[f"every_size_vs_full_graph_bs{bs}"] = _target(r, "<= 1.10", lambda v: v <= 1.10)
-        r = _ratio(every["capture_totals"]["decode"]["graph_mem_gb"], up["capture_totals"]["decode"]["graph_mem_gb"])
+        r = ratio(every["capture_totals"]["decode"]["graph_mem_gb"], up["capture_totals"]["decode"]["graph_mem_gb"])
         t["decode_graph_mem_every_size_1024_vs_full_256"] = _target(r, "<= 0.5", lambda v: v <= 0.5)
     if lw and up:
         for tokens in ("1024", "4096"):
-            r = _ratio(lw["prefill_s"].get(tokens), up["prefill_s"].get(tokens))
+            r = ratio(lw["prefill_s"].get(tokens), up["prefill_s"].get(tokens))
             t[f"prefill_vs_breakable_{tokens}"] = _target(r, "<= 1.0", lambda v: v <= 1.0)
-        r = _ratio(lw["capture_totals"]["prefill"]["capture_s"], up["capture_totals"]["prefill"]["capture_s"])
+        r = ratio(lw["capture_totals"]["prefill"]["capture_s"], up["capture_totals"]["prefill"]["capture_s"])
         t["prefill_capture_time_vs_breakable"] = _target(r, "<= 0.5", lambda v: v <= 0.5)
     return t
 
@@ -311,11 +306,11 @@ def main(argv=None) -> None:
     result.update(
         tag=args.tag,
         model=f"Qwen3-30B-A3B shapes (48 layers, 128 experts top-8), bf16, dummy weights, TP {result.get('tp_size', 1)}",
-        generated=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        generated=utc_now(),
     )
     result["targets"] = compute_targets(result["runs"])
     results.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1))
+    save(out, result)
     out.with_suffix(".md").write_text(render_md(result))
     print(f"[bench_runner] wrote {out} and {out.with_suffix('.md')}")
     for k, v in result["targets"].items():

@@ -181,7 +181,7 @@ def measure(a, doc: dict, out: Path) -> None:
             shut = srv.stop()
             run.setdefault("server", {"flags": flags})["shutdown"] = {"clean": shut.clean, "seconds": round(shut.seconds, 1)}
             if a.copy_to:
-                tail = setup.log_tail(srv.log_path, 400)
+                tail = setup.harness.log_tail(srv.log_path, 400)
                 Path(a.copy_to, f"{out.stem}-{name}.server.log").write_text(tail)
             save(doc, out, a.copy_to)
 

@@ -281,7 +281,7 @@ def main(argv=None) -> int:
         doc["server"]["shutdown"] = {"clean": shut.clean, "seconds": round(shut.seconds, 1), "killed": shut.killed}
         if a.copy_to:
             os.makedirs(a.copy_to, exist_ok=True)
-            Path(a.copy_to, f"soak-{a.tag}.server.log").write_text(setup.log_tail(srv.log_path, 400))
+            Path(a.copy_to, f"soak-{a.tag}.server.log").write_text(setup.harness.log_tail(srv.log_path, 400))
     doc["device"] = device_name()
     doc["generated"] = _results.utc_now()
     doc["targets"] = compute_targets(doc)

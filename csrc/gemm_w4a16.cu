@@ -136,13 +136,7 @@ __global__ void __launch_bounds__(128) gemm_w4a16_kernel(const W4A16Params p) {
     }
   };
 
-  float acc[T::kTilesPerWarp][M_TILES][4];
-#pragma unroll
-  for (int i = 0; i < T::kTilesPerWarp; ++i)
-#pragma unroll
-    for (int mt = 0; mt < M_TILES; ++mt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) acc[i][mt][e] = 0.0f;
+  float acc[T::kTilesPerWarp][M_TILES][4] = {};
 
   // Scale bytes this thread needs from the words of rows g and g+8: K halves lo (block t/2) and
   // hi (block 2 + t/2) -> [g_lo, g8_lo, g_hi, g8_hi].
@@ -242,13 +236,7 @@ __global__ void __launch_bounds__(128) gemm_w4a16_kernel(const W4A16Params p) {
   __syncthreads();
   if (!s_is_last) return;
   __threadfence();
-  float sum[T::kTilesPerWarp][M_TILES][4];
-#pragma unroll
-  for (int i = 0; i < T::kTilesPerWarp; ++i)
-#pragma unroll
-    for (int mt = 0; mt < M_TILES; ++mt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) sum[i][mt][e] = 0.0f;
+  float sum[T::kTilesPerWarp][M_TILES][4] = {};
   for (int s = 0; s < p.splits; ++s) {
     const float* part = p.partial + (tile_id * p.splits + s) * T::kTileElems;
 #pragma unroll

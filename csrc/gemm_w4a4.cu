@@ -158,17 +158,20 @@ __global__ void __launch_bounds__(kThreads) gemm_w4a4_kernel(const W4A4Params p)
       }
     };
 
-    float acc[4][4][4];
-#pragma unroll
-    for (int i = 0; i < 4; ++i)
-#pragma unroll
-      for (int n = 0; n < 4; ++n)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) acc[i][n][e] = 0.0f;
+    float acc[4][4][4] = {};
 
     auto compute = [&](int buf) {
       const uint8_t* base = smem + buf * kStageBytes;
       const uint8_t* acts = base + kWBytes + kWSBytes;
+      // A operand of row tile rt: packed e2m1 in the MMA's register order, plus its scale word.
+      auto load_a = [&](int rt, uint32_t (&a)[4], uint32_t& sfa) {
+        const uint4 wq = lds128(base + rt * 512 + lane * 16);
+        a[0] = to_p_order(wq.x);
+        a[1] = to_p_order(wq.y);
+        a[2] = to_p_order(wq.z);
+        a[3] = to_p_order(wq.w);
+        sfa = lds32(base + kWBytes + rt * 64 + (g & 3) * 16 + (2 * (g >> 2) + (lane & 1)) * 4);
+      };
       uint32_t b[4][2];
 #pragma unroll
       for (int pr = 0; pr < 2; ++pr) {
@@ -186,12 +189,8 @@ __global__ void __launch_bounds__(kThreads) gemm_w4a4_kernel(const W4A4Params p)
       if constexpr (kHw) {
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
-          const int rt = 4 * wr + i;
-          const uint4 wq = lds128(base + rt * 512 + lane * 16);
-          const uint32_t a[4] = {to_p_order(wq.x), to_p_order(wq.y), to_p_order(wq.z),
-                                 to_p_order(wq.w)};
-          const uint32_t sfa =
-              lds32(base + kWBytes + rt * 64 + (g & 3) * 16 + (2 * (g >> 2) + (lane & 1)) * 4);
+          uint32_t a[4], sfa;
+          load_a(4 * wr + i, a, sfa);
 #pragma unroll
           for (int nt = 0; nt < 4; ++nt) mma_fp4_hw(acc[i][nt], a, b[nt], sfa, sfb[nt]);
         }
@@ -201,12 +200,8 @@ __global__ void __launch_bounds__(kThreads) gemm_w4a4_kernel(const W4A4Params p)
         for (int nt = 0; nt < 4; ++nt) bd[nt] = emu_decode_b(b[nt], sfb[nt]);
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
-          const int rt = 4 * wr + i;
-          const uint4 wq = lds128(base + rt * 512 + lane * 16);
-          const uint32_t a[4] = {to_p_order(wq.x), to_p_order(wq.y), to_p_order(wq.z),
-                                 to_p_order(wq.w)};
-          const uint32_t sfa =
-              lds32(base + kWBytes + rt * 64 + (g & 3) * 16 + (2 * (g >> 2) + (lane & 1)) * 4);
+          uint32_t a[4], sfa;
+          load_a(4 * wr + i, a, sfa);
           const EmuA ad = emu_decode_a(a, sfa);
 #pragma unroll
           for (int nt = 0; nt < 4; ++nt) mma_fp4_emulated(acc[i][nt], ad, bd[nt]);

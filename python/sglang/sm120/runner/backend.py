@@ -150,6 +150,30 @@ class _LayerwiseCommon:
             for key in [k for k in store if getattr(k, "size", None) == size]:
                 del store[key]
 
+    # -- upstream's backend interface (first in each backend's MRO) ----------------------------
+    def capture_one(self, shape_key, forward_fn, dummies=None, post_warmup_hook=None) -> None:
+        """Upstream calls this once per size: in the warm pass it only runs the forward (for a
+        breakable backend, capture_session has already switched attention to its break path);
+        afterwards the SizeCapturer captures the size, full or layerwise, dropping it on OOM."""
+        if self.mode == "warm":
+            self._warm(shape_key.size, forward_fn, post_warmup_hook)
+            return
+        if self.capturer is None:
+            self.capturer = self._new_capturer(self._capture_full)
+        self._current = (shape_key, forward_fn, post_warmup_hook)
+        try:
+            self.capturer.capture(shape_key.size)
+        finally:
+            self._current = None
+
+    def _capture_full(self, size: int) -> None:
+        raise AssertionError(f"{self.phase} never captures full graphs under layerwise")
+
+    def cleanup(self) -> None:
+        super().cleanup()
+        self.entries.clear()
+        self.capturer = None
+
     def _new_capturer(self, capture_full: Callable[[int], None]) -> SizeCapturer:
         planned = sorted(self._planned_sizes())
         return self._pre_drop(SizeCapturer(
@@ -205,18 +229,6 @@ class LayerwiseDecodeBackend(_LayerwiseCommon, FullCudaGraphBackend):
     def _planned_sizes(self):
         return self._runner.capture_bs
 
-    def capture_one(self, shape_key, forward_fn, dummies=None, post_warmup_hook=None) -> None:
-        if self.mode == "warm":
-            self._warm(shape_key.size, forward_fn, post_warmup_hook)
-            return
-        if self.capturer is None:
-            self.capturer = self._new_capturer(self._capture_full)
-        self._current = (shape_key, forward_fn, post_warmup_hook)
-        try:
-            self.capturer.capture(shape_key.size)
-        finally:
-            self._current = None
-
     def _capture_full(self, size: int) -> None:
         key, forward_fn, post_warmup_hook = self._current
         FullCudaGraphBackend.capture_one(self, key, forward_fn, None, post_warmup_hook)
@@ -229,11 +241,6 @@ class LayerwiseDecodeBackend(_LayerwiseCommon, FullCudaGraphBackend):
         if entry is not None:
             return self._replay_entry(entry)
         return FullCudaGraphBackend.replay(self, shape_key, static_forward_batch, **kwargs)
-
-    def cleanup(self) -> None:
-        FullCudaGraphBackend.cleanup(self)
-        self.entries.clear()
-        self.capturer = None
 
 
 class LayerwisePrefillBackend(_LayerwiseCommon, FullCudaGraphBackend):
@@ -251,32 +258,11 @@ class LayerwisePrefillBackend(_LayerwiseCommon, FullCudaGraphBackend):
     def _planned_sizes(self):
         return self._runner.capture_num_tokens
 
-    def capture_one(self, shape_key, forward_fn, dummies=None, post_warmup_hook=None) -> None:
-        if self.mode == "warm":
-            self._warm(shape_key.size, forward_fn, post_warmup_hook)
-            return
-        if self.capturer is None:
-            self.capturer = self._new_capturer(self._no_full)
-        self._current = (shape_key, forward_fn, post_warmup_hook)
-        try:
-            self.capturer.capture(shape_key.size)
-        finally:
-            self._current = None
-
-    @staticmethod
-    def _no_full(size: int) -> None:
-        raise AssertionError("prefill never captures full graphs under layerwise")
-
     def can_run(self, forward_batch, shape_key) -> bool:
         return shape_key in self.entries
 
     def replay(self, shape_key, static_forward_batch, **kwargs) -> Any:
         return self._replay_entry(self.entries[shape_key])
-
-    def cleanup(self) -> None:
-        FullCudaGraphBackend.cleanup(self)
-        self.entries.clear()
-        self.capturer = None
 
 
 class _BreakableCutter:
@@ -310,18 +296,6 @@ class LayerwiseBreakablePrefillBackend(_LayerwiseCommon, BreakableCudaGraphBacke
     def _planned_sizes(self):
         return self._runner.capture_num_tokens
 
-    def capture_one(self, shape_key, forward_fn, dummies=None, post_warmup_hook=None) -> None:
-        if self.mode == "warm":  # capture_session already switched attention to its break path
-            self._warm(shape_key.size, forward_fn, post_warmup_hook)
-            return
-        if self.capturer is None:
-            self.capturer = self._new_capturer(LayerwisePrefillBackend._no_full)
-        self._current = (shape_key, forward_fn, post_warmup_hook)
-        try:
-            self.capturer.capture(shape_key.size)
-        finally:
-            self._current = None
-
     def _capture_segments(self, size: int) -> None:
         from sglang.srt.model_executor.runner_backend_utils.breakable_cuda_graph.breakable_cuda_graph import (
             _current_capture_var,
@@ -342,10 +316,6 @@ class LayerwiseBreakablePrefillBackend(_LayerwiseCommon, BreakableCudaGraphBacke
 
     def can_run(self, forward_batch, shape_key) -> bool:
         return shape_key in self._graphs
-
-    def cleanup(self) -> None:
-        BreakableCudaGraphBackend.cleanup(self)
-        self.capturer = None
 
 
 def _attention_plans_fixed_prefill(attn_backend) -> bool:
