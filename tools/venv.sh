@@ -10,11 +10,14 @@ if [ ! -x .venv/bin/python ]; then
   "${PYTHON:-python3}" -m venv .venv
 fi
 VPY="$PWD/.venv/bin/python"
+# pip unpacks GBs of wheels into TMPDIR; keep that on the checkout's disk (CI's /tmp may be small).
+mkdir -p .cache/tmp
+vpip() { TMPDIR="$PWD/.cache/tmp" "$VPY" -m pip "$@"; }
 # cuobjdump (+ the nvdisasm it runs) lets the kernel build check its own SASS (forkbuild/kernels.py);
 # the toolkit here lacks both.
 # It goes on PATH because pip's isolated build environment does not see .venv's packages.
 if command -v nvcc >/dev/null; then
-  "$VPY" -m pip install -q nvidia-cuda-cuobjdump==13.5.37 nvidia-cuda-nvdisasm==13.5.37
+  vpip install -q nvidia-cuda-cuobjdump==13.5.37 nvidia-cuda-nvdisasm==13.5.37
   CUOBJDUMP=$("$VPY" -c 'import glob, sysconfig; print(next(iter(glob.glob(sysconfig.get_paths()["purelib"] + "/nvidia/*/bin/cuobjdump")), ""))')
   [ -n "$CUOBJDUMP" ] && export PATH="$(dirname "$CUOBJDUMP"):$PATH"
 fi
@@ -22,12 +25,23 @@ echo "[setup] building the fork wheel (pip wheel . --no-deps)"
 rm -rf dist
 mkdir -p .cache
 # pip hides a backend's output unless verbose; keep just the build's own progress lines.
-"$VPY" -m pip wheel . --no-deps -w dist -v > .cache/pip-wheel.log 2>&1 || {
+vpip wheel . --no-deps -w dist -v > .cache/pip-wheel.log 2>&1 || {
   grep -E "^ *(\[sglang-sm120\]|\[kernels\]|error)" .cache/pip-wheel.log; tail -20 .cache/pip-wheel.log
   echo "[setup] building the wheel failed (full log: .cache/pip-wheel.log)"; exit 1; }
 grep -E "^ *(\[sglang-sm120\]|\[kernels\])" .cache/pip-wheel.log || true
 WHEEL=$(ls dist/sglang-*.whl)
-echo "[setup] installing $WHEEL and its dependencies (first run downloads torch: a few minutes)"
-"$VPY" -m pip install -q "$WHEEL"
-"$VPY" -m pip install -q --no-deps --force-reinstall "$WHEEL"
+# SGLANG_SM120_DEPS: full (the wheel and everything it requires: what users get) or cpu-test
+# (the same minus GPU kernel packages, for the CPU suite on a GPU-less box: 2 GB less disk;
+# tools/cpu_test_requirements.py says which and why). run_tests.sh picks cpu-test without a GPU.
+DEPS="${SGLANG_SM120_DEPS:-full}"
+FREE_MB=$(df -Pm . | awk 'NR==2 {print $4}')
+echo "[setup] installing $WHEEL with its $DEPS dependencies (first run downloads torch: a few minutes; ${FREE_MB} MB free here, a fresh .venv takes ~10 GB at peak)"
+case "$DEPS" in
+  full) vpip install -q "$WHEEL" ;;
+  cpu-test)
+    "$VPY" tools/cpu_test_requirements.py "$WHEEL" > .cache/cpu-test-requirements.txt
+    vpip install -q -r .cache/cpu-test-requirements.txt ;;
+  *) echo "[setup] SGLANG_SM120_DEPS must be full or cpu-test, not '$DEPS'"; exit 2 ;;
+esac
+vpip install -q --no-deps --force-reinstall "$WHEEL"
 export SGLANG_SM120_WHEEL="$PWD/$WHEEL"
