@@ -87,7 +87,8 @@ extern "C" {
 
 const char* sm120_last_error() { return g_error; }
 
-int sm120_abi_version() { return 2; }  // 2: sm120_w4a16_workspace_layout, fixed ticket region
+// 2: sm120_w4a16_workspace_layout, fixed ticket region; 3: sm120_gemm_w4a16 takes `pdl`
+int sm120_abi_version() { return 3; }
 
 const char* sm120_build_archs() { return SM120_BUILD_ARCHS; }
 
@@ -145,10 +146,12 @@ int sm120_quantize_nvfp4(int device, const void* x, const void* global_scale, vo
 // y bf16 [M,N] = x bf16 [M,K] . dequant(W)^T * weight_scale_2 (+ bias bf16 [N]).
 // qweight: packed tiles (layout.py), scales: 128x4 swizzled [round_up(N,128), round_up(K/16,4)].
 // workspace: zero-initialised device memory reused across calls on ONE stream (split-K tickets are
-// left at zero by every launch). split_target <= 0 picks 2 CTAs per SM.
+// left at zero by every launch). split_target <= 0 picks 2 CTAs per SM. pdl != 0 launches it as a
+// programmatic dependent launch: its weight prefetch may overlap the previous kernel's tail.
 int sm120_gemm_w4a16(int device, const void* x, const void* qweight, const void* scales,
                      const void* weight_scale_2, const void* bias, void* y, int M, int N, int K,
-                     void* workspace, size_t workspace_bytes, int split_target, void* stream) {
+                     void* workspace, size_t workspace_bytes, int split_target, int pdl,
+                     void* stream) {
   if (!x || !qweight || !scales || !weight_scale_2 || !y)
     return set_error(kInvalidArgument, "gemm_w4a16: null pointer");
   if (M <= 0 || N <= 0 || K <= 0 || K % 16 || N % 16)
@@ -161,7 +164,7 @@ int sm120_gemm_w4a16(int device, const void* x, const void* qweight, const void*
   if (rc != kOk) return rc;
   const W4A16Plan plan = plan_w4a16(M, N, K, info.sm_count, workspace ? workspace_bytes : 0, split_target);
   return launch_gemm_w4a16(x, qweight, scales, static_cast<const float*>(weight_scale_2), bias, y,
-                           M, N, K, workspace, workspace_bytes, plan,
+                           M, N, K, workspace, workspace_bytes, plan, pdl != 0,
                            static_cast<cudaStream_t>(stream));
 }
 

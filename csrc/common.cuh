@@ -160,6 +160,31 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
+// Device-scope atomic add with acquire-release semantics; returns the old value.
+__device__ __forceinline__ int atomic_add_acq_rel_gpu(int* p, int v) {
+  int old;
+  asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], %2;\n" : "=r"(old) : "l"(p), "r"(v) : "memory");
+  return old;
+}
+
+// ------------------------------------------------------------------ programmatic dependent launch
+// With cudaLaunchAttributeProgrammaticStreamSerialization a grid may start while the previous
+// kernel on the stream is still finishing. Before pdl_wait() a kernel may only read memory no
+// earlier kernel writes (weights, scales); pdl_wait() returns once the previous grid has completed
+// and its writes are visible. Without the attribute both are no-ops. SM90 and SM120 alike.
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+// Lets the next PDL-launched grid start its own prologue (it still waits for this grid's end
+// before touching anything this grid writes).
+__device__ __forceinline__ void pdl_launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+
 // Plain C++ shared-memory loads (not asm): the compiler may schedule them early, and it still
 // orders them against __syncthreads() and the cp.async waits (which clobber "memory").
 __device__ __forceinline__ uint4 lds128(const void* p) { return *reinterpret_cast<const uint4*>(p); }

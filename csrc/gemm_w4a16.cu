@@ -44,6 +44,8 @@ struct W4A16Traits {
   static_assert(kXItems >= 1 && kXItems * kThreads == kTokens * kChunksPerStage * 8, "X split");
 };
 
+enum : int { kLoadWeights = 1, kLoadX = 2 };  // what a pipeline stage load issues
+
 struct W4A16Params {
   const __nv_bfloat16* x;
   const uint8_t* qweight;
@@ -106,27 +108,34 @@ __global__ void __launch_bounds__(128) gemm_w4a16_kernel(const W4A16Params p) {
   }
 
   // Stages fully inside the split and inside K (all but possibly the last) skip the bounds tests.
-  auto load_stage = [&](int stage, int buf) {
+  // kWhat selects the weights + scales (no earlier kernel writes them, so they may be read before
+  // pdl_wait) and/or the activations X (written by the previous kernel).
+  auto load_stage = [&](int stage, int buf, auto what_tag) {
+    constexpr int kWhat = decltype(what_tag)::value;
     uint8_t* base = smem + buf * T::kStageBytes;
     const int c0 = c_begin + stage * CPS;
     const bool full = c0 + CPS <= c_end && (c0 + CPS) * kChunkK <= p.K;
     auto issue = [&](auto full_tag) {
       constexpr bool kFull = decltype(full_tag)::value;
+      if constexpr ((kWhat & kLoadWeights) != 0) {
 #pragma unroll
-      for (int j = 0; j < T::kWItems; ++j) {
-        const bool ok = kFull || c0 + w_cc[j] < c_end;
-        cp_async16(base + w_dst[j], ok ? w_src[j] + (int64_t)c0 * 512 : p.qweight, ok ? 16 : 0);
+        for (int j = 0; j < T::kWItems; ++j) {
+          const bool ok = kFull || c0 + w_cc[j] < c_end;
+          cp_async16(base + w_dst[j], ok ? w_src[j] + (int64_t)c0 * 512 : p.qweight, ok ? 16 : 0);
+        }
+        if (tid < 32 * CPS) {
+          const bool ok = kFull || c0 + s_cc < c_end;
+          cp_async16(base + T::kWBytes + s_cc * 512 + lane * 16,
+                     ok ? s_src + (int64_t)c0 * 512 : p.scales, ok ? 16 : 0);
+        }
       }
-      if (tid < 32 * CPS) {
-        const bool ok = kFull || c0 + s_cc < c_end;
-        cp_async16(base + T::kWBytes + s_cc * 512 + lane * 16,
-                   ok ? s_src + (int64_t)c0 * 512 : p.scales, ok ? 16 : 0);
-      }
+      if constexpr ((kWhat & kLoadX) != 0) {
 #pragma unroll
-      for (int j = 0; j < T::kXItems; ++j) {
-        const bool ok = x_row_ok[j] &&
-                        (kFull || (c0 * kChunkK + x_k[j] < p.K && c0 + (x_k[j] >> 6) < c_end));
-        cp_async16(base + x_dst[j], ok ? x_src[j] + c0 * kChunkK : p.x, ok ? 16 : 0);
+        for (int j = 0; j < T::kXItems; ++j) {
+          const bool ok = x_row_ok[j] &&
+                          (kFull || (c0 * kChunkK + x_k[j] < p.K && c0 + (x_k[j] >> 6) < c_end));
+          cp_async16(base + x_dst[j], ok ? x_src[j] + c0 * kChunkK : p.x, ok ? 16 : 0);
+        }
       }
     };
     if (full) {
@@ -181,22 +190,34 @@ __global__ void __launch_bounds__(128) gemm_w4a16_kernel(const W4A16Params p) {
     }
   };
 
+  // Prologue: the weights of the first stages are requested before pdl_wait(), so under PDL their
+  // DRAM latency overlaps the previous kernel's tail. Commit group 0 then holds those weights plus
+  // X of stage 0, group s (s > 0) X of stage s: waiting for group `it` still covers stage `it`.
+  using LoadWeights = std::integral_constant<int, kLoadWeights>;
+  using LoadX = std::integral_constant<int, kLoadX>;
+  using LoadAll = std::integral_constant<int, kLoadWeights | kLoadX>;
+#pragma unroll
+  for (int s = 0; s < T::kStages - 1; ++s)
+    if (s < n_stages) load_stage(s, s, LoadWeights{});
+  pdl_wait();
 #pragma unroll
   for (int s = 0; s < T::kStages - 1; ++s) {
-    if (s < n_stages) load_stage(s, s);
+    if (s < n_stages) load_stage(s, s, LoadX{});
     cp_async_commit();
   }
   int read_buf = 0, write_buf = T::kStages - 1;
   for (int it = 0; it < n_stages; ++it) {
     cp_async_wait<T::kStages - 2>();
     __syncthreads();
-    if (it + T::kStages - 1 < n_stages) load_stage(it + T::kStages - 1, write_buf);
+    if (it + T::kStages - 1 < n_stages) load_stage(it + T::kStages - 1, write_buf, LoadAll{});
     cp_async_commit();
     compute(read_buf);
     read_buf = read_buf + 1 == T::kStages ? 0 : read_buf + 1;
     write_buf = write_buf + 1 == T::kStages ? 0 : write_buf + 1;
   }
   cp_async_wait<0>();
+  // Every load of this grid is in; the next grid may start prefetching its own weights.
+  pdl_launch_dependents();
 
   const float alpha = __ldg(p.weight_scale_2) * 256.0f;
   auto store = [&](const float (&v)[T::kTilesPerWarp][M_TILES][4]) {
@@ -230,13 +251,18 @@ __global__ void __launch_bounds__(128) gemm_w4a16_kernel(const W4A16Params p) {
 #pragma unroll
       for (int e = 0; e < 4; ++e)
         __stcg(mine + ((i * M_TILES + mt) * 4 + e) * T::kThreads + tid, acc[i][mt][e]);
-  __threadfence();
+  // Hand-off as in CUTLASS's GenericBarrier: the CTA barrier orders every thread's partial stores
+  // before thread 0's release; thread 0's acquire plus the barrier order the last CTA's loads
+  // after every other CTA's release. No per-thread fence.sc (MEMBAR.SC.GPU) on this path.
   __syncthreads();
-  if (tid == 0) s_is_last = (atomicAdd(p.tickets + tile_id, 1) == p.splits - 1);
+  if (tid == 0) s_is_last = (atomic_add_acq_rel_gpu(p.tickets + tile_id, 1) == p.splits - 1);
   __syncthreads();
   if (!s_is_last) return;
-  __threadfence();
   float sum[T::kTilesPerWarp][M_TILES][4] = {};
+  // Unrolled so the partial loads of several splits are in flight at once (one L2 round trip per
+  // group of splits instead of per split); fewer at large M tiles, where they cost registers.
+  constexpr int kSumUnroll = M_TILES <= 2 ? 4 : M_TILES == 4 ? 2 : 1;
+#pragma unroll kSumUnroll
   for (int s = 0; s < p.splits; ++s) {
     const float* part = p.partial + (tile_id * p.splits + s) * T::kTileElems;
 #pragma unroll
@@ -293,7 +319,7 @@ W4A16Plan plan_w4a16(int M, int N, int K, int sm_count, size_t workspace_bytes, 
 
 int launch_gemm_w4a16(const void* x, const void* qweight, const void* scales,
                       const float* weight_scale_2, const void* bias, void* y, int M, int N, int K,
-                      void* workspace, size_t workspace_bytes, const W4A16Plan& plan,
+                      void* workspace, size_t workspace_bytes, const W4A16Plan& plan, bool pdl,
                       cudaStream_t stream) {
   if (plan.splits > 1 && (workspace == nullptr || plan.workspace_bytes > workspace_bytes))
     return set_error(kWorkspaceTooSmall, "gemm_w4a16: workspace of %zu bytes, plan needs %zu",
@@ -319,12 +345,16 @@ int launch_gemm_w4a16(const void* x, const void* qweight, const void* scales,
     p.partial = reinterpret_cast<float*>(static_cast<uint8_t*>(workspace) + plan.partial_offset);
   }
   const dim3 grid(plan.n_ctas, plan.splits, plan.m_blocks);
+  cudaError_t err;
   switch (plan.m_tiles) {
-    case 1: gemm_w4a16_kernel<1><<<grid, 128, 0, stream>>>(p); break;
-    case 2: gemm_w4a16_kernel<2><<<grid, 128, 0, stream>>>(p); break;
-    case 4: gemm_w4a16_kernel<4><<<grid, 128, 0, stream>>>(p); break;
-    default: gemm_w4a16_kernel<8><<<grid, 128, 0, stream>>>(p); break;
+    case 1: err = launch_kernel(gemm_w4a16_kernel<1>, grid, dim3(128), stream, pdl, p); break;
+    case 2: err = launch_kernel(gemm_w4a16_kernel<2>, grid, dim3(128), stream, pdl, p); break;
+    case 4: err = launch_kernel(gemm_w4a16_kernel<4>, grid, dim3(128), stream, pdl, p); break;
+    default: err = launch_kernel(gemm_w4a16_kernel<8>, grid, dim3(128), stream, pdl, p); break;
   }
+  if (err != cudaSuccess)
+    return set_error(kLaunchFailed, "gemm_w4a16: launch failed (pdl=%d): %s", pdl ? 1 : 0,
+                     cudaGetErrorString(err));
   return check_launch("gemm_w4a16");
 }
 

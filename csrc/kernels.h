@@ -21,6 +21,25 @@ struct DeviceInfo {
 };
 int device_info(int device, DeviceInfo* out);
 
+// Launch on `stream`; with pdl, as a programmatic dependent launch (the kernel must pdl_wait()
+// before reading anything an earlier kernel writes). Captured into CUDA graphs as a programmatic
+// edge.
+template <typename... Params, typename... Args>
+cudaError_t launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, cudaStream_t stream,
+                          bool pdl, Args&&... args) {
+  cudaLaunchAttribute attr;
+  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = 0;
+  cfg.stream = stream;
+  cfg.attrs = &attr;
+  cfg.numAttrs = pdl ? 1 : 0;
+  return cudaLaunchKernelEx(&cfg, kernel, static_cast<Args&&>(args)...);
+}
+
 int launch_quantize_nvfp4(const void* x, const float* global_scale, void* packed, void* scales,
                           int M, int K, bool p_order, cudaStream_t stream);
 
@@ -45,7 +64,7 @@ W4A16Plan plan_w4a16(int M, int N, int K, int sm_count, size_t workspace_bytes, 
 
 int launch_gemm_w4a16(const void* x, const void* qweight, const void* scales,
                       const float* weight_scale_2, const void* bias, void* y, int M, int N, int K,
-                      void* workspace, size_t workspace_bytes, const W4A16Plan& plan,
+                      void* workspace, size_t workspace_bytes, const W4A16Plan& plan, bool pdl,
                       cudaStream_t stream);
 
 int launch_gemm_w4a4(const void* xq, const void* x_scales, const float* input_scale,

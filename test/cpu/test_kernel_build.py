@@ -99,6 +99,28 @@ def test_build_refuses_sass_with_unwritten_uniform_registers(tmp_path):
     assert "\n" not in str(exc.value)
 
 
+def _functions(sass: str) -> dict:
+    """{mangled name: body} of every function in a cuobjdump -sass listing."""
+    parts = re.split(r"\n\s*Function : (\S+)\n", sass)
+    return dict(zip(parts[1::2], parts[2::2]))
+
+
+def test_w4a16_prefetches_weights_before_the_pdl_wait_and_has_no_sc_fence(built, cuobjdump):
+    """PDL: weight copies (LDGSTS) precede griddepcontrol.wait (ACQBULK), the grid triggers its
+    dependents (PREEXIT), and the split-K hand-off uses one acq_rel atomic, not fence.sc."""
+    _, out, _ = built
+    for arch in ("sm_90a", "sm_120a"):
+        fns = {n: b for n, b in _functions(_dump(cuobjdump, out / kb.LIBRARY_NAME, "-sass", "-arch", arch)).items()
+               if "gemm_w4a16_kernel" in n}
+        assert len(fns) == 4, (arch, sorted(fns))  # M tiles 1, 2, 4, 8
+        for name, body in fns.items():
+            assert body.count("ACQBULK") == 1 and body.count("PREEXIT") == 1, (arch, name)
+            before_wait = body.split("ACQBULK", 1)[0]
+            assert before_wait.count("LDGSTS") >= 4, (arch, name)  # the first stages' weights
+            assert "MEMBAR.SC" not in body, (arch, name)
+            assert re.search(r"ATOMG\.E\.ADD\S*\.STRONG\.GPU", body), (arch, name)
+
+
 def test_no_kernel_reads_an_unwritten_uniform_register(built, cuobjdump):
     _, out, _ = built
     for arch in ("sm_90a", "sm_120a"):
@@ -125,6 +147,15 @@ def test_shared_memory_and_no_spills_on_every_arch(built, cuobjdump):
             assert any(kernel in fn for a, fn in seen if a == arch), (kernel, arch, names)
 
 
+def _lib_abi_version() -> int:
+    """The ABI the Python loader expects (sglang/sm120/kernels/_lib.py); it must match the library."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("_sm120_lib", REPO / "python/sglang/sm120/kernels/_lib.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.ABI_VERSION
+
+
 def test_library_loads_without_gpu(built):
     # the static CUDA runtime only touches the driver on the first CUDA call: loading and the
     # host-only entry points work on a machine without a GPU (and in a fresh process)
@@ -139,7 +170,7 @@ def test_library_loads_without_gpu(built):
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     abi, archs, rc, plan = proc.stdout.split(" ", 3)
-    assert (abi, archs, rc) == ("2", "sm_90a,sm_120a", "0")
+    assert (abi, archs, rc) == (str(_lib_abi_version()), "sm_90a,sm_120a", "0")
     m_tiles, m_blocks, n_ctas, splits, _ = eval(plan)
     assert (m_tiles, m_blocks, n_ctas) == (1, 1, 48) and n_ctas * splits >= 2 * 132
 

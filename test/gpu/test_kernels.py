@@ -230,6 +230,44 @@ def test_split_k_is_deterministic_and_graph_capturable(K):
         assert torch.equal(y4_g, K.gemm_w4a4(*K.quantize_nvfp4(new, inv, mma_order=True), in_s, pw))
 
 
+@pytest.mark.parametrize("m", [1, 16, 64])
+def test_pdl_chain_in_a_graph_matches_plain_launches(K, m):
+    """Programmatic dependent launch: each GEMM of the chain reads the one before (X written by the
+    previous grid) and all share one split-K workspace, the two hazards PDL's early start could
+    break. PDL on and off, captured and eager, must agree bit for bit."""
+    n = k = 2048  # square: each output is the next input; splits > 1 at every m here
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    assert K.w4a16_plan(m, n, k, sms)["splits"] > 1
+    layers = []
+    for i in range(6):
+        q = _weight(n, k, 40 + i)
+        layers.append(K.pack_weight(q["weight"], q["weight_scale"], q["weight_scale_2"]))
+
+    def chain(x, pdl):
+        for pw in layers:
+            x = K.gemm_w4a16(x, pw, pdl=pdl)
+        return x
+
+    x0 = torch.randn(m, k, device="cuda").to(torch.bfloat16)
+    eager = {pdl: chain(x0, pdl).clone() for pdl in (False, True)}
+    assert torch.isfinite(eager[False].float()).all()
+    assert torch.equal(eager[False], eager[True])
+    stream = torch.cuda.Stream()
+    for pdl in (False, True):
+        x_static = x0.clone()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            chain(x_static, pdl)  # this stream's workspace exists before capture
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=stream):
+            y = chain(x_static, pdl)
+        for rep in range(3):
+            graph.replay()
+            torch.cuda.synchronize()
+            assert torch.equal(y, eager[False]), f"pdl={pdl} replay {rep}"
+
+
 def test_split_k_workspace_reused_across_plans(K):
     # The workspace outlives calls; only its ticket region must be zero between them. Partials
     # left by other plans (here: garbage) must not matter, also for plans with > 64 tiles (the

@@ -109,6 +109,21 @@ def check_w4a16(n, k, m):
     return ok, f"{msg} (plan m_tiles={plan['m_tiles']} splits={plan['splits']} ctas={plan['n_ctas']})"
 
 
+def check_w4a16_pdl_chain(m):
+    """Six dependent GEMMs on one workspace, PDL on vs off: bitwise equal (the PDL hazards)."""
+    layers = [_weight(2048, 2048, 70 + i)[1] for i in range(6)]
+    x0 = torch.randn(m, 2048, device="cuda").to(torch.bfloat16)
+    ys = {}
+    for pdl in (False, True):
+        x = x0
+        for pw in layers:
+            x = K.gemm_w4a16(x, pw, pdl=pdl)
+        ys[pdl] = x
+    torch.cuda.synchronize()
+    diff = int((ys[False] != ys[True]).sum())
+    return diff == 0, f"{diff} of {ys[False].numel()} outputs differ between PDL on and off"
+
+
 def _workspace():
     return K.workspace(torch.device("cuda", torch.cuda.current_device()))
 
@@ -155,6 +170,8 @@ STEPS = [
     ("gemm_w4a16 qwen3 qkv tp8 M=1024 N=640   K=2048", lambda: check_w4a16(640, 2048, 1024)),
     ("gemm_w4a16 glm5 sh.down tp8 M=128 N=6144 K=256", lambda: check_w4a16(6144, 256, 128)),
     ("gemm_w4a16 glm5 q_a+kv_a M=256  N=2624  K=6144", lambda: check_w4a16(2624, 6144, 256)),
+    ("gemm_w4a16 PDL chain M=1", lambda: check_w4a16_pdl_chain(1)),
+    ("gemm_w4a16 PDL chain M=16", lambda: check_w4a16_pdl_chain(16)),
     ("split-K tickets all back at zero", check_tickets_zero),
 ]
 

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Optional
 
 LIBRARY_NAME = "libsm120_kernels.so"
-ABI_VERSION = 2
+ABI_VERSION = 3
 
 _lock = threading.Lock()
 _lib: Optional[ctypes.CDLL] = None
@@ -31,7 +31,7 @@ _SIGNATURES = {
                                               ctypes.POINTER(_c_size)]),
     "sm120_quantize_nvfp4": (_c_int, [_c_int, _vp, _vp, _vp, _vp, _c_int, _c_int, _c_int, _vp]),
     "sm120_gemm_w4a16": (_c_int, [_c_int, _vp, _vp, _vp, _vp, _vp, _vp, _c_int, _c_int, _c_int,
-                                  _vp, _c_size, _c_int, _vp]),
+                                  _vp, _c_size, _c_int, _c_int, _vp]),
     "sm120_gemm_w4a4": (_c_int, [_c_int, _vp, _vp, _vp, _vp, _vp, _vp, _vp, _vp, _c_int, _c_int,
                                  _c_int, _c_int, _vp]),
 }

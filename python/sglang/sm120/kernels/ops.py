@@ -25,6 +25,9 @@ _WORKSPACE_BYTES = int(float(os.environ.get("SGLANG_SM120_WORKSPACE_MB", "8")) *
 # Debug mode: synchronize after every launch and name the kernel and sizes of a device fault
 # (otherwise it surfaces at some later, unrelated torch call). Not for production or graph capture.
 _SYNC_AFTER_LAUNCH = os.environ.get("SGLANG_SM120_KERNEL_SYNC", "0") not in ("", "0")
+# Programmatic dependent launch of the W4A16 GEMM (its weight prefetch overlaps the previous
+# kernel's tail); SGLANG_SM120_PDL=0 launches it as a plain kernel.
+PDL_DEFAULT = os.environ.get("SGLANG_SM120_PDL", "1") not in ("", "0")
 _ws_lock = threading.Lock()
 _workspaces: dict = {}
 
@@ -171,11 +174,12 @@ def _check_bias(bias, n: int, dev):
 
 def gemm_w4a16(x: torch.Tensor, weight: PackedWeight, *, bias: Optional[torch.Tensor] = None,
                out: Optional[torch.Tensor] = None, workspace_buf: Optional[torch.Tensor] = None,
-               split_target: int = 0) -> torch.Tensor:
+               split_target: int = 0, pdl: Optional[bool] = None) -> torch.Tensor:
     """y bf16 [M, N] = x bf16 [M, K] . dequant(weight)^T (+ bias), fp32 accumulation.
 
     workspace_buf: optional zero-initialised uint8 CUDA buffer owned by the caller's stream
     (default: a cached one per device and stream). split_target: CTAs to aim for (0 = 2 per SM).
+    pdl: programmatic dependent launch (None: $SGLANG_SM120_PDL, default on).
     """
     _tensor("x", x, _BF16, dim=2)
     dev = x.device
@@ -193,18 +197,19 @@ def gemm_w4a16(x: torch.Tensor, weight: PackedWeight, *, bias: Optional[torch.Te
     else:
         _tensor("workspace_buf", workspace_buf, torch.uint8, device=dev)
         _aligned("workspace_buf", workspace_buf)
-    _launch_w4a16(x, weight, bias, y, workspace_buf, int(split_target))
+    _launch_w4a16(x, weight, bias, y, workspace_buf, int(split_target), PDL_DEFAULT if pdl is None else bool(pdl))
     return y
 
 
-def _launch_w4a16(x, weight: PackedWeight, bias, y, workspace_buf, split_target: int = 0) -> None:
+def _launch_w4a16(x, weight: PackedWeight, bias, y, workspace_buf, split_target: int = 0,
+                  pdl: bool = PDL_DEFAULT) -> None:
     dev = x.device
     rc = _lib.load().sm120_gemm_w4a16(dev.index, _ptr(x), _ptr(weight.qweight), _ptr(weight.scales),
                                       _ptr(weight.weight_scale_2), _ptr(bias), _ptr(y), x.shape[0], weight.n,
                                       weight.k, _ptr(workspace_buf), workspace_buf.numel(), split_target,
-                                      _stream(dev))
+                                      int(pdl), _stream(dev))
     _lib.check(rc, "gemm_w4a16")
-    _debug_sync(dev, f"gemm_w4a16(M={x.shape[0]}, N={weight.n}, K={weight.k}, split_target={split_target})")
+    _debug_sync(dev, f"gemm_w4a16(M={x.shape[0]}, N={weight.n}, K={weight.k}, split_target={split_target}, pdl={pdl})")
 
 
 _W4A4_MODES = {"auto": 0, "hardware": 1, "emulate": 2}
