@@ -10,6 +10,10 @@ tvm-ffi version, so a folder built here is reused as is on the host:
     python tools/gpu_host/prebuild_jit.py --arch 9.0a --out .jitcache     # here (needs nvcc + the fork installed)
     TVM_FFI_CACHE_DIR=$PWD/.jitcache python -m sglang.launch_server ...   # there
 
+With --flashinfer it also pre-builds the FlashInfer attention and sampling modules of the GPU
+jobs' models into .jitcache/flashinfer-aot/ (flashinfer_aot.py says which and why);
+tools/gpu_host/install_jitcache.sh puts both where the host looks for them.
+
 Run it with the interpreter that has the fork (or upstream sglang) installed.
 """
 from __future__ import annotations
@@ -18,6 +22,7 @@ import argparse
 import os
 import sys
 import time
+from pathlib import Path
 
 # Modules the NVFP4 (ModelOpt) path uses on SM80-SM90: linear layers and MoE through Marlin.
 MODULES = {
@@ -31,7 +36,10 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--arch", default="9.0a", help="compute capability with suffix, e.g. 9.0a or 12.0f")
     ap.add_argument("--out", required=True, help="cache folder (becomes TVM_FFI_CACHE_DIR on the host)")
-    ap.add_argument("--modules", nargs="+", choices=sorted(MODULES), default=sorted(MODULES))
+    ap.add_argument("--modules", nargs="*", choices=sorted(MODULES), default=sorted(MODULES),
+                    help="sglang JIT modules (none: only --flashinfer)")
+    ap.add_argument("--flashinfer", action="store_true",
+                    help="also pre-build FlashInfer's attention/sampling modules into OUT/flashinfer-aot")
     a = ap.parse_args(argv)
     try:
         major, rest = a.arch.split(".")
@@ -47,12 +55,20 @@ def main(argv=None) -> int:
     if "CUDA_HOME" not in os.environ and os.path.isdir("/usr/local/cuda"):
         os.environ["CUDA_HOME"] = "/usr/local/cuda"
         print("[prebuild_jit] CUDA_HOME=/usr/local/cuda", flush=True)
+    start = time.time()
+    if a.flashinfer:  # first: FlashInfer reads its target arch when it is imported
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        import flashinfer_aot
+
+        m = flashinfer_aot.build(a.arch, Path(a.out) / "flashinfer-aot",
+                                 log=lambda msg: print(msg, flush=True))
+        print(f"[prebuild_jit] FlashInfer: {len(m['modules'])} modules for {a.arch} in {time.time() - start:.0f} s",
+              flush=True)
     import importlib
 
     import torch
     from sglang.jit_kernel.utils.arch import override_jit_cuda_arch
 
-    start = time.time()
     with override_jit_cuda_arch(major, minor, suffix):
         for name in a.modules:
             mod, fn, args = MODULES[name]
