@@ -352,9 +352,11 @@ int launch_gemm_w4a16(const void* x, const void* qweight, const void* scales,
     case 4: err = launch_kernel(gemm_w4a16_kernel<4>, grid, dim3(128), stream, pdl, p); break;
     default: err = launch_kernel(gemm_w4a16_kernel<8>, grid, dim3(128), stream, pdl, p); break;
   }
-  if (err != cudaSuccess)
+  if (err != cudaSuccess) {
+    (void)cudaGetLastError();  // the same error is pending there: do not report it twice
     return set_error(kLaunchFailed, "gemm_w4a16: launch failed (pdl=%d): %s", pdl ? 1 : 0,
                      cudaGetErrorString(err));
+  }
   return check_launch("gemm_w4a16");
 }
 
