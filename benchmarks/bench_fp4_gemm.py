@@ -223,6 +223,7 @@ def bench_shape(name, n, k, ms, l2, copy_bw, marlin, reps, log):
         r["ours_pdl_bw_pct"] = 100.0 * fp4_bytes(n, k, m) / (r["ours_pdl_us"] * 1e-6) / copy_bw
         r["bf16_bw_pct"] = 100.0 * bf16_bytes(n, k, m) / (r["bf16_us"] * 1e-6) / copy_bw
         r["speedup_vs_bf16"] = r["bf16_us"] / r["ours_us"]
+        r["speedup_vs_bf16_pdl"] = r["bf16_us"] / r["ours_pdl_us"]
         r["speedup_vs_marlin"] = r["marlin_us"] / r["ours_us"] if r["marlin_us"] else None
         rows.append(r)
         log(f"  {name:28s} M={m:4d}  ours {r['ours_us']:8.2f} us ({r['ours_bw_pct']:5.1f}% BW, "
@@ -271,7 +272,7 @@ def summarize(rows, marlin_reason):
     vs_bf16_big = pick(lambda r: r["M"] <= 8 and r["weight_fp4_bytes"] >= BIG_WEIGHT_BYTES, "speedup_vs_bf16")
     vs_marlin = pick(lambda r: r["M"] <= 16, "speedup_vs_marlin")
     bw_pdl = pick(lambda r: r["M"] <= 16 and r["weight_fp4_bytes"] >= BIG_WEIGHT_BYTES, "ours_pdl_bw_pct")
-    vs_bf16_pdl = [r["bf16_us"] / r["ours_pdl_us"] for r in rows if r["M"] <= 8 and r.get("ours_pdl_us")]
+    vs_bf16_pdl = pick(lambda r: r["M"] <= 8, "speedup_vs_bf16_pdl")
     targets = {
         "bw_pct_of_copy_m_le_16_weights_ge_8MB_min": {
             "value": round(min(bw), 1) if bw else None, "target": TARGET_BW_PCT,
@@ -318,8 +319,8 @@ def write_md(path, meta, rows, targets, extra, est, tuning):
           "| shape | N | K | M | ours us | BW % | ours PDL us | bf16 us | x bf16 | Marlin us | x Marlin | W4A4 us |",
           "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        pdl = f"{r['ours_pdl_us']:.2f}" if r.get("ours_pdl_us") else "n/a"
-        L.append(f"| {r['shape']} | {r['N']} | {r['K']} | {r['M']} | {r['ours_us']:.2f} | {r['ours_bw_pct']:.1f} | {pdl} | "
+        L.append(f"| {r['shape']} | {r['N']} | {r['K']} | {r['M']} | {r['ours_us']:.2f} | {r['ours_bw_pct']:.1f} | "
+                 f"{r['ours_pdl_us']:.2f} | "
                  f"{r['bf16_us']:.2f} | {r['speedup_vs_bf16']:.2f} | "
                  f"{'%.2f' % r['marlin_us'] if r['marlin_us'] else 'n/a'} | "
                  f"{'%.2f' % r['speedup_vs_marlin'] if r['speedup_vs_marlin'] else 'n/a'} | "

@@ -13,9 +13,11 @@ torchvision at module level, and PyPI's torchvision only loads beside its own to
 """
 from __future__ import annotations
 
-import re
 import sys
-import zipfile
+from pathlib import Path
+
+from wheelhouse_lib.compat import Requirement, canonicalize_name
+from wheelhouse_lib.wheelfile import read_metadata
 
 GPU_ONLY = {
     "sglang-kernel": "sgl_kernel's CUDA ops (1.1 GB); its import needs libcuda.so.1",
@@ -31,23 +33,19 @@ GPU_ONLY = {
 
 def req_name(req: str) -> str:
     """Canonical project name of a requirement line (PEP 503)."""
-    return re.sub(r"[-_.]+", "-", re.match(r"[A-Za-z0-9][A-Za-z0-9._-]*", req).group(0)).lower()
+    return canonicalize_name(Requirement(req).name)
 
 
 def requires_dist(wheel: str) -> list[str]:
-    with zipfile.ZipFile(wheel) as zf:
-        metadata = [n for n in zf.namelist() if n.endswith(".dist-info/METADATA")]
-        if len(metadata) != 1:
-            raise SystemExit(f"error: {wheel}: expected one .dist-info/METADATA, found {len(metadata)}")
-        text = zf.read(metadata[0]).decode()
-    return [line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("Requires-Dist:")]
+    return read_metadata(Path(wheel))[2]
 
 
 def cpu_test_requirements(reqs: list[str]) -> tuple[list[str], list[str]]:
     """(kept, skipped): requirements behind an `extra` marker are dropped too (never installed)."""
     kept, skipped = [], []
     for req in reqs:
-        if re.search(r"\bextra\s*==", req):
+        marker = Requirement(req).marker
+        if marker is not None and "extra" in str(marker):
             continue
         (skipped if req_name(req) in GPU_ONLY else kept).append(req)
     return kept, skipped

@@ -23,7 +23,6 @@ if command -v nvcc >/dev/null; then
 fi
 echo "[setup] building the fork wheel (pip wheel . --no-deps)"
 rm -rf dist
-mkdir -p .cache
 # pip hides a backend's output unless verbose; keep just the build's own progress lines.
 vpip wheel . --no-deps -w dist -v > .cache/pip-wheel.log 2>&1 || {
   grep -E "^ *(\[sglang-sm120\]|\[kernels\]|error)" .cache/pip-wheel.log; tail -20 .cache/pip-wheel.log

@@ -12,7 +12,7 @@ import cpu_test_requirements as ctr  # noqa: E402
 def _wheel(path, requires):
     with zipfile.ZipFile(path, "w") as zf:
         zf.writestr("demo-1.0.dist-info/METADATA",
-                    "Metadata-Version: 2.1\nName: demo\n" + "".join(f"Requires-Dist: {r}\n" for r in requires))
+                    "Metadata-Version: 2.1\nName: demo\nVersion: 1.0\n" + "".join(f"Requires-Dist: {r}\n" for r in requires))
     return path
 
 
