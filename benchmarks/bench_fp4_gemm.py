@@ -235,8 +235,15 @@ def bench_shape(name, n, k, ms, l2, copy_bw, marlin, reps, log):
     return rows
 
 
+# Split-K targets swept: "none" (target 1: one CTA per output tile, no reduction pass) up to 8
+# CTAs per SM; the default is 2 per SM.
+SPLIT_TARGETS = (("none", lambda sms: 1), ("0.5x", lambda sms: sms // 2), ("1x", lambda sms: sms),
+                 ("2x", lambda sms: 2 * sms), ("4x", lambda sms: 4 * sms), ("8x", lambda sms: 8 * sms))
+
+
 def tune_splits(sms, reps, log):
-    """How the split-K target moves small-M times (informs the default of 2 CTAs per SM)."""
+    """How the split-K target moves small-M times (informs the default of 2 CTAs per SM), for the
+    plain and the PDL launch."""
     out = []
     for name, n, k in [("glm5 o_proj tp8", 6144, 2048), ("qwen3-30b qkv tp1", 5120, 2048),
                        ("glm5 shared gate_up tp8", 512, 6144), ("glm5 q_b tp1", 16384, 2048)]:
@@ -246,14 +253,18 @@ def tune_splits(sms, reps, log):
                       for _ in range(copies_for(0.5625 * n * k, torch.cuda.get_device_properties(0).L2_cache_size) - 1)]
         for m in (1, 16):
             x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
-            row = {"shape": name, "M": m}
-            for mult in (1, 2, 4, 8):
-                t = mult * sms
-                row[f"target_{mult}x_sms_us"] = time_ops([lambda p=p: K.gemm_w4a16(x, p, split_target=t) for p in pws], reps)
-                row[f"target_{mult}x_sms_splits"] = K.w4a16_plan(m, n, k, sms, split_target=t)["splits"]
+            row = {"shape": name, "M": m, "targets": {}}
+            for label, target_of in SPLIT_TARGETS:
+                t = max(1, target_of(sms))
+                row["targets"][label] = {
+                    "split_target": t,
+                    "splits": K.w4a16_plan(m, n, k, sms, split_target=t)["splits"],
+                    "us": time_ops([lambda p=p: K.gemm_w4a16(x, p, split_target=t, pdl=False) for p in pws], reps),
+                    "pdl_us": time_ops([lambda p=p: K.gemm_w4a16(x, p, split_target=t, pdl=True) for p in pws], reps),
+                }
             out.append(row)
             log(f"  tune {name:24s} M={m:3d} " + " ".join(
-                f"{mult}x:{row[f'target_{mult}x_sms_us']:.2f}us/s{row[f'target_{mult}x_sms_splits']}" for mult in (1, 2, 4, 8)))
+                f"{label}:{c['us']:.2f}/{c['pdl_us']:.2f}us/s{c['splits']}" for label, c in row["targets"].items()))
     return out
 
 
@@ -330,10 +341,10 @@ def write_md(path, meta, rows, targets, extra, est, tuning):
     for e in est["rows"]:
         L.append(f"| {e['shape']} | {e['M']} | {e['est_ours_us']:.2f} | {e['est_bf16_us']:.2f} | {e['est_speedup_vs_bf16']:.2f} |")
     if tuning:
-        L += ["", "## Split-K target sweep (W4A16, us per call / splits)", ""]
+        L += ["", "## Split-K target sweep (W4A16: plain / PDL us per call, splits; target 'none' = no split)", ""]
         for t in tuning:
             L.append(f"- {t['shape']} M={t['M']}: " + ", ".join(
-                f"{m}x SMs {t[f'target_{m}x_sms_us']:.2f} us ({t[f'target_{m}x_sms_splits']} splits)" for m in (1, 2, 4, 8)))
+                f"{label}: {c['us']:.2f} / {c['pdl_us']:.2f} us ({c['splits']} splits)" for label, c in t["targets"].items()))
     path.write_text("\n".join(L) + "\n")
 
 

@@ -206,6 +206,8 @@ def render_md(result: dict) -> str:
     lines += ["", "## Targets", "", "| target | value | threshold | met |", "|---|---|---|---|"]
     for k, v in result["targets"].items():
         lines.append(f"| {k} | {v['value']} | {v['target']} | {'yes' if v['met'] else 'NO'} |")
+    for n, why in sorted(result.get("failed", {}).items()):
+        lines.append(f"\nNot measured: `{n}`: {why}")
     lines += ["", "Commands:", ""] + [f"- `{runs[n]['command']}`" for n in names]
     return "\n".join(lines) + "\n"
 
@@ -293,23 +295,42 @@ def main(argv=None) -> None:
             if clash and args.merge.index(tag) > 0:
                 raise SystemExit(f"--merge {tag}: configuration(s) {sorted(clash)} already merged from another tag")
             result["runs"].update(doc["runs"])
+            failed = result.setdefault("failed", {})
+            failed.update(doc.get("failed", {}))
+            for name in result["runs"]:
+                failed.pop(name, None)
             for key in ("commit", "tp_size", "model", "device"):
                 result.setdefault(key, doc.get(key))
         result["merged_from"] = args.merge
     else:
         model = write_model_dir(workdir / "qwen3-30b-a3b-shapes", QWEN3_30B_A3B)
-        for name in args.configs:
-            print(f"[bench_runner] configuration {name} ({args.configs.index(name) + 1}/{len(args.configs)})", flush=True)
-            result["runs"][name] = run_one_batch(model, name, CONFIGS[name], workdir, args.timeout, args.tp)
         result.update(commit=commit(), tp_size=args.tp, device=device_name(), workdir=str(workdir),
                       command=" ".join([os.path.basename(sys.executable), *sys.argv]))
+        failed = result.setdefault("failed", {})
+        for name in args.configs:
+            print(f"[bench_runner] configuration {name} ({args.configs.index(name) + 1}/{len(args.configs)})", flush=True)
+            try:
+                result["runs"][name] = run_one_batch(model, name, CONFIGS[name], workdir, args.timeout, args.tp)
+                failed.pop(name, None)
+            except SystemExit as e:  # one configuration's failure must not lose the others' figures
+                print(f"[bench_runner] {name} FAILED: {e}", flush=True)
+                failed[name] = str(e).splitlines()[0]
+            # Saved after every configuration: a call stopped at the host's limit keeps what finished.
+            write_results(out, result, args.tag)
+        if failed:
+            raise SystemExit(f"[bench_runner] failed configurations: {sorted(failed)}")
+        return
+    write_results(out, result, args.tag)
+
+
+def write_results(out: Path, result: dict, tag: str) -> None:
     result.update(
-        tag=args.tag,
+        tag=tag,
         model=f"Qwen3-30B-A3B shapes (48 layers, 128 experts top-8), bf16, dummy weights, TP {result.get('tp_size', 1)}",
         generated=utc_now(),
     )
     result["targets"] = compute_targets(result["runs"])
-    results.mkdir(parents=True, exist_ok=True)
+    out.parent.mkdir(parents=True, exist_ok=True)
     save(out, result)
     out.with_suffix(".md").write_text(render_md(result))
     print(f"[bench_runner] wrote {out} and {out.with_suffix('.md')}")

@@ -58,3 +58,27 @@ def test_merge_two_halves_and_compute_targets(bench, tmp_path):
 def test_merge_of_a_missing_tag_is_refused(bench, tmp_path):
     with pytest.raises(SystemExit, match="does not exist"):
         bench.main(["--tag", "m", "--merge", "nope", "--results-dir", str(tmp_path)])
+
+
+def test_a_failed_configuration_keeps_the_others_and_is_reported(bench, tmp_path, monkeypatch):
+    monkeypatch.setattr(bench, "write_model_dir", lambda path, config: path)
+    monkeypatch.setattr(bench, "device_name", lambda: "H200")
+
+    def fake_run(model, name, extra, workdir, timeout, tp=1):
+        if name == "disabled":
+            raise SystemExit("disabled: one_batch still running after 5 s; log: x.log\nlog tail")
+        return _run({64: 20.0}, {1024: 27.6}, _cap(4.0, 0.7, 20.0, 0.7))
+
+    monkeypatch.setattr(bench, "run_one_batch", fake_run)
+    with pytest.raises(SystemExit, match=r"failed configurations: \['disabled'\]"):
+        bench.main(["--tag", "p", "--configs", "disabled", "upstream", "--results-dir", str(tmp_path),
+                    "--workdir", str(tmp_path / "w")])
+    doc = json.loads((tmp_path / "runner-p.json").read_text())
+    assert set(doc["runs"]) == {"upstream"}
+    assert doc["failed"] == {"disabled": "disabled: one_batch still running after 5 s; log: x.log"}
+    assert "Not measured: `disabled`" in (tmp_path / "runner-p.md").read_text()
+    # a later merge with a run that measured it clears the failure
+    (tmp_path / "runner-q.json").write_text(json.dumps({"runs": {"disabled": _run({64: 30.0}, {}, _cap(0, 0, 0, 0))}}))
+    bench.main(["--tag", "pq", "--merge", "p", "q", "--results-dir", str(tmp_path)])
+    merged = json.loads((tmp_path / "runner-pq.json").read_text())
+    assert set(merged["runs"]) == {"upstream", "disabled"} and merged["failed"] == {}

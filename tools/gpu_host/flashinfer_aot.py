@@ -132,6 +132,9 @@ def build(arch: str, out: Path, log: Callable[[str], None] = print) -> dict:
     if "flashinfer" in sys.modules:
         raise RuntimeError("flashinfer was imported before its target arch was set: build() must import it first")
     cuda_home = os.environ.get("CUDA_HOME", "/usr/local/cuda")
+    # Absolute: the paths below end up in build.ninja files that ninja runs from their own folder
+    # (a relative --out made the link step miss the driver stub).
+    out = Path(out).resolve()
     work = out / ".build"
     stub = driver_stub(cuda_home, work / "stub")
     os.environ["FLASHINFER_CUDA_ARCH_LIST"] = arch

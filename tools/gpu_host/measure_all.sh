@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# The H200 measurement queue: the project's GPU benchmarks and long GPU tests one after another,
+# meant to run as one background job that outlives the host's 10-minute calls:
+#
+#   bash tools/gpu_host/bg.sh start measure -- bash tools/gpu_host/measure_all.sh RESULTS [STEP...]
+#   bash tools/gpu_host/bg.sh wait measure 560       # in each following call; then copy RESULTS
+#
+# Steps, in the default order (most wanted figures first; each has its own time cap in seconds):
+#   fp4          benchmarks/bench_fp4_gemm.py (ours plain/PDL vs bf16 vs Marlin, split sweep)   300
+#   runner       benchmarks/bench_runner.py, all four configurations, saved after each          2000
+#   traps        test_layerwise_traps.py on tiny qwen3_moe bf16 (no Dynamo/subprocess)          600
+#   correctness  quick grid of test_layerwise_correctness.py for deepseek_v2 bf16 and qwen3_moe
+#                nvfp4 (+ the OOM test)                                                         1200
+# Needs the fork importable (PYTHONPATH=/tmp/site:python on the H200 host) and, for fp4, the
+# kernel library built (kernels_check.sh does it; SGLANG_SM120_KERNEL_LIB points at it).
+# Every step's log is RESULTS/<step>.log; the queue's own lines go to stdout with timestamps.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+[ $# -ge 1 ] || { sed -n '2,17p' "$0" >&2; exit 2; }
+RES=$(mkdir -p "$1" && cd "$1" && pwd); shift
+STEPS=("$@")
+[ ${#STEPS[@]} -gt 0 ] || STEPS=(fp4 runner traps correctness)
+export SGLANG_SM120_KERNEL_LIB="${SGLANG_SM120_KERNEL_LIB:-$PWD/python/sglang/sm120/kernels/lib}"
+PY="${PYTHON:-python3}"
+FAILED=()
+say() { echo "[measure $(date +%T)] $*"; }
+step() {  # step NAME CAP CMD...
+  local name=$1 cap=$2; shift 2
+  say "$name: start (cap $cap s): $*"
+  local t0=$SECONDS
+  timeout "$cap" "$@" > "$RES/$name.log" 2>&1
+  local rc=$?
+  say "$name: rc $rc after $((SECONDS - t0)) s (124 = hit the cap); $(grep -E 'passed|failed|wrote' "$RES/$name.log" | tail -n 1)"
+  [ $rc -eq 0 ] || FAILED+=("$name")
+}
+for s in "${STEPS[@]}"; do
+  case "$s" in
+    fp4) step fp4 300 "$PY" benchmarks/bench_fp4_gemm.py --max-seconds 200 --results-dir "$RES" ;;
+    runner)
+      step runner 2000 "$PY" benchmarks/bench_runner.py --tag h200 --timeout 480 --results-dir "$RES" \
+        --workdir "$RES/runner-work" --configs layerwise disabled upstream layerwise_every_size
+      tar -czf "$RES/runner-logs.tgz" -C "$RES" runner-work 2>/dev/null ;;
+    traps)
+      SGLANG_SM120_RESULTS_DIR="$RES" step traps 600 "$PY" -m pytest -m gpu -q -p no:cacheprovider \
+        test/gpu/test_layerwise_traps.py -k "qwen3_moe-bf16" ;;
+    correctness)
+      SGLANG_SM120_GPU_QUICK=1 SGLANG_SM120_RESULTS_DIR="$RES" step correctness 1200 "$PY" -m pytest -m gpu -q \
+        -p no:cacheprovider test/gpu/test_layerwise_correctness.py \
+        -k "deepseek_v2-bf16 or qwen3_moe-nvfp4 or oom" ;;
+    *) say "unknown step $s (fp4 runner traps correctness)"; exit 2 ;;
+  esac
+done
+say "done; failed steps: ${FAILED[*]:-none}"
+[ ${#FAILED[@]} -eq 0 ]
