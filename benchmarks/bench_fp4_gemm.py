@@ -201,6 +201,10 @@ def bench_shape(name, n, k, ms, l2, copy_bw, marlin, reps, log):
         # weights during the previous call's tail: reported beside it, not used for the targets.
         r["ours_us"] = time_ops([lambda p=p: K.gemm_w4a16(x, p, pdl=False) for p in pws], reps)
         r["ours_pdl_us"] = time_ops([lambda p=p: K.gemm_w4a16(x, p, pdl=True) for p in pws], reps)
+        # split-K reduced in a thread-block cluster (where the plan has 2..8 splits), PDL on
+        r["ours_cluster_pdl_us"] = time_ops([lambda p=p: K.gemm_w4a16(x, p, pdl=True, cluster=True) for p in pws], reps)
+        r["cluster_plan"] = K.w4a16_plan(m, n, k, torch.cuda.get_device_properties(0).multi_processor_count,
+                                         cluster=True)["cluster"]
         r["bf16_us"] = time_ops([lambda b=b: torch.nn.functional.linear(x, b) for b in wbs], reps)
         if m >= 64:
             r["ours_w4a4_us"] = time_ops(
@@ -224,10 +228,11 @@ def bench_shape(name, n, k, ms, l2, copy_bw, marlin, reps, log):
         r["bf16_bw_pct"] = 100.0 * bf16_bytes(n, k, m) / (r["bf16_us"] * 1e-6) / copy_bw
         r["speedup_vs_bf16"] = r["bf16_us"] / r["ours_us"]
         r["speedup_vs_bf16_pdl"] = r["bf16_us"] / r["ours_pdl_us"]
+        r["speedup_vs_bf16_cluster_pdl"] = r["bf16_us"] / r["ours_cluster_pdl_us"]
         r["speedup_vs_marlin"] = r["marlin_us"] / r["ours_us"] if r["marlin_us"] else None
         rows.append(r)
         log(f"  {name:28s} M={m:4d}  ours {r['ours_us']:8.2f} us ({r['ours_bw_pct']:5.1f}% BW, "
-            f"PDL {r['ours_pdl_us']:.2f} us)  "
+            f"PDL {r['ours_pdl_us']:.2f} us, PDL+cluster {r['ours_cluster_pdl_us']:.2f} us)  "
             f"bf16 {r['bf16_us']:8.2f} us  x{r['speedup_vs_bf16']:.2f}  "
             + (f"marlin {r['marlin_us']:8.2f} us x{r['speedup_vs_marlin']:.2f}" if r["marlin_us"] else "marlin n/a"))
     del pws, wbs, marlin_layers
@@ -284,6 +289,7 @@ def summarize(rows, marlin_reason):
     vs_marlin = pick(lambda r: r["M"] <= 16, "speedup_vs_marlin")
     bw_pdl = pick(lambda r: r["M"] <= 16 and r["weight_fp4_bytes"] >= BIG_WEIGHT_BYTES, "ours_pdl_bw_pct")
     vs_bf16_pdl = pick(lambda r: r["M"] <= 8, "speedup_vs_bf16_pdl")
+    vs_bf16_cl = pick(lambda r: r["M"] <= 8, "speedup_vs_bf16_cluster_pdl")
     targets = {
         "bw_pct_of_copy_m_le_16_weights_ge_8MB_min": {
             "value": round(min(bw), 1) if bw else None, "target": TARGET_BW_PCT,
@@ -306,6 +312,8 @@ def summarize(rows, marlin_reason):
         "pdl_bw_pct_of_copy_m_le_16_weights_ge_8MB_min": round(min(bw_pdl), 1) if bw_pdl else None,
         "pdl_speedup_vs_bf16_m_1_to_8_min": round(min(vs_bf16_pdl), 2) if vs_bf16_pdl else None,
         "pdl_speedup_vs_bf16_m_1_to_8_geomean": geo(vs_bf16_pdl),
+        "pdl_cluster_speedup_vs_bf16_m_1_to_8_min": round(min(vs_bf16_cl), 2) if vs_bf16_cl else None,
+        "pdl_cluster_speedup_vs_bf16_m_1_to_8_geomean": geo(vs_bf16_cl),
     }
     return targets, extra
 
@@ -325,13 +333,14 @@ def write_md(path, meta, rows, targets, extra, est, tuning):
     L += ["", "Other figures: " + ", ".join(f"{k} = {v}" for k, v in extra.items()), "",
           f"## Measured on {meta['device']}", "",
           "`ours` is a plain launch (the targets use it); `ours PDL` the same kernel as a programmatic "
-          "dependent launch, whose weight prefetch overlaps the previous call's tail in this back-to-back chain.",
+          "dependent launch, whose weight prefetch overlaps the previous call's tail in this back-to-back chain; "
+          "`PDL+cluster` also reduces split-K in a thread-block cluster (plans of 2..8 splits).",
           "",
-          "| shape | N | K | M | ours us | BW % | ours PDL us | bf16 us | x bf16 | Marlin us | x Marlin | W4A4 us |",
-          "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+          "| shape | N | K | M | ours us | BW % | ours PDL us | PDL+cluster us | bf16 us | x bf16 | Marlin us | x Marlin | W4A4 us |",
+          "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         L.append(f"| {r['shape']} | {r['N']} | {r['K']} | {r['M']} | {r['ours_us']:.2f} | {r['ours_bw_pct']:.1f} | "
-                 f"{r['ours_pdl_us']:.2f} | "
+                 f"{r['ours_pdl_us']:.2f} | {r['ours_cluster_pdl_us']:.2f}{'' if r['cluster_plan'] else ' (no cluster)'} | "
                  f"{r['bf16_us']:.2f} | {r['speedup_vs_bf16']:.2f} | "
                  f"{'%.2f' % r['marlin_us'] if r['marlin_us'] else 'n/a'} | "
                  f"{'%.2f' % r['speedup_vs_marlin'] if r['speedup_vs_marlin'] else 'n/a'} | "

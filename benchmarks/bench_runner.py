@@ -221,7 +221,7 @@ def device_name() -> str:
         return "unknown device"
 
 
-def diagnose_eager_warmup(workdir: Path, limit_s: int) -> None:
+def diagnose_eager_warmup(workdir: Path, limit_s: int, results: Path = RESULTS) -> None:
     """REFERENCE.md: upstream 0.5.16 with graphs disabled did not finish one_batch's warmup in
     170 s on a tiny MoE. Re-run it with Python stacks dumped every 15 s and summarise where the
     time goes (docs/runner.md explains the reading of the code behind it)."""
@@ -259,8 +259,8 @@ def diagnose_eager_warmup(workdir: Path, limit_s: int) -> None:
         for top, n in sorted(frames.items(), key=lambda kv: -kv[1])[:15]:
             f.write(f"{n:4d}  {top}\n")
         f.write("\n--- log tail ---\n" + out[-4000:])
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    dest = RESULTS / "runner-eager-warmup-diagnosis.txt"
+    results.mkdir(parents=True, exist_ok=True)
+    dest = results / "runner-eager-warmup-diagnosis.txt"
     dest.write_text(report.read_text())
     print(f"[bench_runner] wrote {dest} (rc={rc}, {wall:.0f} s)")
 
@@ -281,7 +281,7 @@ def main(argv=None) -> None:
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="bench_runner_"))
     workdir.mkdir(parents=True, exist_ok=True)
     if args.diagnose_eager_warmup:
-        diagnose_eager_warmup(workdir, limit_s=min(args.timeout, 400))
+        diagnose_eager_warmup(workdir, limit_s=min(args.timeout, 400), results=results)
         return
     out = results / f"runner-{args.tag}.json"
     result = json.loads(out.read_text()) if out.exists() else {"runs": {}}

@@ -87,24 +87,29 @@ extern "C" {
 
 const char* sm120_last_error() { return g_error; }
 
-// 2: sm120_w4a16_workspace_layout, fixed ticket region; 3: sm120_gemm_w4a16 takes `pdl`
-int sm120_abi_version() { return 3; }
+// 2: sm120_w4a16_workspace_layout, fixed ticket region; 3: sm120_gemm_w4a16 takes `pdl`;
+// 4: `flags` (kW4A16Pdl | kW4A16ClusterReduce) for the W4A16 GEMM and its plan, plan out[5]
+int sm120_abi_version() { return 4; }
 
 const char* sm120_build_archs() { return SM120_BUILD_ARCHS; }
 
-// Split plan of the W4A16 GEMM; out = {m_tiles, m_blocks, n_ctas, splits, chunks_per_split}.
+// Split plan of the W4A16 GEMM;
+// out = {m_tiles, m_blocks, n_ctas, splits, chunks_per_split, cluster-reduced (0/1)}.
 // Host-only (no device needed): *workspace_needed receives the bytes the plan uses.
 int sm120_w4a16_plan(int M, int N, int K, int sm_count, size_t workspace_bytes, int split_target,
-                     int* out, size_t* workspace_needed) {
+                     int flags, int* out, size_t* workspace_needed) {
   if (M <= 0 || N <= 0 || K <= 0 || sm_count <= 0 || out == nullptr)
     return set_error(kInvalidArgument, "w4a16_plan: bad arguments M=%d N=%d K=%d sm_count=%d", M,
                      N, K, sm_count);
-  const W4A16Plan p = plan_w4a16(M, N, K, sm_count, workspace_bytes, split_target);
+  if (flags & ~kW4A16KnownFlags) return set_error(kInvalidArgument, "w4a16_plan: unknown flags 0x%x", flags);
+  const W4A16Plan p = plan_w4a16(M, N, K, sm_count, workspace_bytes, split_target,
+                                 (flags & kW4A16ClusterReduce) != 0);
   out[0] = p.m_tiles;
   out[1] = p.m_blocks;
   out[2] = p.n_ctas;
   out[3] = p.splits;
   out[4] = p.chunks_per_split;
+  out[5] = p.cluster ? 1 : 0;
   if (workspace_needed) *workspace_needed = p.workspace_bytes;
   return kOk;
 }
@@ -113,11 +118,14 @@ int sm120_w4a16_plan(int M, int N, int K, int sm_count, size_t workspace_bytes, 
 // tile z*n_ctas + x), partial_offset, bytes per (tile, split) partial slot, workspace bytes used}.
 // Host-only, for tests that model the workspace across successive calls.
 int sm120_w4a16_workspace_layout(int M, int N, int K, int sm_count, size_t workspace_bytes,
-                                 int split_target, size_t* out) {
+                                 int split_target, int flags, size_t* out) {
   if (M <= 0 || N <= 0 || K <= 0 || sm_count <= 0 || out == nullptr)
     return set_error(kInvalidArgument, "w4a16_workspace_layout: bad arguments M=%d N=%d K=%d sm_count=%d",
                      M, N, K, sm_count);
-  const W4A16Plan p = plan_w4a16(M, N, K, sm_count, workspace_bytes, split_target);
+  if (flags & ~kW4A16KnownFlags)
+    return set_error(kInvalidArgument, "w4a16_workspace_layout: unknown flags 0x%x", flags);
+  const W4A16Plan p = plan_w4a16(M, N, K, sm_count, workspace_bytes, split_target,
+                                 (flags & kW4A16ClusterReduce) != 0);
   out[0] = kW4A16TicketRegionBytes;
   out[1] = p.partial_offset;
   out[2] = p.partial_tile_bytes;
@@ -146,11 +154,12 @@ int sm120_quantize_nvfp4(int device, const void* x, const void* global_scale, vo
 // y bf16 [M,N] = x bf16 [M,K] . dequant(W)^T * weight_scale_2 (+ bias bf16 [N]).
 // qweight: packed tiles (layout.py), scales: 128x4 swizzled [round_up(N,128), round_up(K/16,4)].
 // workspace: zero-initialised device memory reused across calls on ONE stream (split-K tickets are
-// left at zero by every launch). split_target <= 0 picks 2 CTAs per SM. pdl != 0 launches it as a
-// programmatic dependent launch: its weight prefetch may overlap the previous kernel's tail.
+// left at zero by every launch). split_target <= 0 picks 2 CTAs per SM. flags: kW4A16Pdl (1)
+// launches it as a programmatic dependent launch (its weight prefetch may overlap the previous
+// kernel's tail); kW4A16ClusterReduce (2) reduces up to 8 splits inside a thread-block cluster.
 int sm120_gemm_w4a16(int device, const void* x, const void* qweight, const void* scales,
                      const void* weight_scale_2, const void* bias, void* y, int M, int N, int K,
-                     void* workspace, size_t workspace_bytes, int split_target, int pdl,
+                     void* workspace, size_t workspace_bytes, int split_target, int flags,
                      void* stream) {
   if (!x || !qweight || !scales || !weight_scale_2 || !y)
     return set_error(kInvalidArgument, "gemm_w4a16: null pointer");
@@ -162,9 +171,11 @@ int sm120_gemm_w4a16(int device, const void* x, const void* qweight, const void*
   DeviceInfo info;
   int rc = use_device(device, &info);
   if (rc != kOk) return rc;
-  const W4A16Plan plan = plan_w4a16(M, N, K, info.sm_count, workspace ? workspace_bytes : 0, split_target);
+  if (flags & ~kW4A16KnownFlags) return set_error(kInvalidArgument, "gemm_w4a16: unknown flags 0x%x", flags);
+  const W4A16Plan plan = plan_w4a16(M, N, K, info.sm_count, workspace ? workspace_bytes : 0, split_target,
+                                    (flags & kW4A16ClusterReduce) != 0);
   return launch_gemm_w4a16(x, qweight, scales, static_cast<const float*>(weight_scale_2), bias, y,
-                           M, N, K, workspace, workspace_bytes, plan, pdl != 0,
+                           M, N, K, workspace, workspace_bytes, plan, (flags & kW4A16Pdl) != 0,
                            static_cast<cudaStream_t>(stream));
 }
 

@@ -12,6 +12,9 @@
 //   * split-K over gridDim.y so the grid covers >= 2 CTAs per SM; partial tiles go to a workspace
 //     and the last CTA of a tile (atomic ticket) reduces them in a fixed order (deterministic) and
 //     resets its ticket, so no memset is needed and CUDA graphs capture the single launch.
+//     Or (cluster reduce, up to 8 splits) the splits of a tile form one thread-block cluster and
+//     split 0 sums the others' partials from their shared memory: no L2 round trips, no
+//     workspace; the same summation order, so both give the same bits.
 //   * static shared memory <= 47 KB for every M tile (checked by test_kernel_build.py).
 // Values: e2m1 * scale * 2^-8 is exact in bf16; alpha = weight_scale_2 * 2^8 is applied in fp32.
 #include <type_traits>
@@ -59,6 +62,7 @@ struct W4A16Params {
   int n_chunks;
   int chunks_per_split;
   int splits;
+  int cluster_reduce;  // the splits of a tile are one cluster (gridDim.y == splits <= 8)
 };
 
 template <int M_TILES>
@@ -238,42 +242,75 @@ __global__ void __launch_bounds__(128) gemm_w4a16_kernel(const W4A16Params p) {
         }
   };
 
-  if (p.splits == 1) {
-    store(acc);
-    return;
-  }
-  const int64_t tile_id = (int64_t)blockIdx.z * gridDim.x + blockIdx.x;
-  float* mine = p.partial + (tile_id * p.splits + split) * T::kTileElems;
-#pragma unroll
-  for (int i = 0; i < T::kTilesPerWarp; ++i)
-#pragma unroll
-    for (int mt = 0; mt < M_TILES; ++mt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e)
-        __stcg(mine + ((i * M_TILES + mt) * 4 + e) * T::kThreads + tid, acc[i][mt][e]);
-  // Hand-off as in CUTLASS's GenericBarrier: the CTA barrier orders every thread's partial stores
-  // before thread 0's release; thread 0's acquire plus the barrier order the last CTA's loads
-  // after every other CTA's release. No per-thread fence.sc (MEMBAR.SC.GPU) on this path.
-  __syncthreads();
-  if (tid == 0) s_is_last = (atomic_add_acq_rel_gpu(p.tickets + tile_id, 1) == p.splits - 1);
-  __syncthreads();
-  if (!s_is_last) return;
+  // One store for all three paths (it is long: per-element bounds and bias), so one copy of it.
   float sum[T::kTilesPerWarp][M_TILES][4] = {};
-  // Unrolled so the partial loads of several splits are in flight at once (one L2 round trip per
+  // Unrolled so the partial loads of several splits are in flight at once (one round trip per
   // group of splits instead of per split); fewer at large M tiles, where they cost registers.
   constexpr int kSumUnroll = M_TILES <= 2 ? 4 : M_TILES == 4 ? 2 : 1;
+  if (p.splits == 1) {
+#pragma unroll
+    for (int i = 0; i < T::kTilesPerWarp; ++i)
+#pragma unroll
+      for (int mt = 0; mt < M_TILES; ++mt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) sum[i][mt][e] = acc[i][mt][e];
+  } else if (p.cluster_reduce) {
+    static_assert(T::kTileElems * sizeof(float) <= sizeof(smem), "partial tile must fit the pipeline buffers");
+    float* part_s = reinterpret_cast<float*>(smem);
+    __syncthreads();  // every warp is done reading the pipeline buffers
+#pragma unroll
+    for (int i = 0; i < T::kTilesPerWarp; ++i)
+#pragma unroll
+      for (int mt = 0; mt < M_TILES; ++mt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) part_s[((i * M_TILES + mt) * 4 + e) * T::kThreads + tid] = acc[i][mt][e];
+    cluster_sync();
+    // Cluster (1, splits, 1) spans gridDim.y, so the CTA of split s is cluster rank s.
+    if (split == 0) {
 #pragma unroll kSumUnroll
-  for (int s = 0; s < p.splits; ++s) {
-    const float* part = p.partial + (tile_id * p.splits + s) * T::kTileElems;
+      for (int s = 0; s < p.splits; ++s) {
+        const uint32_t part = cluster_map_shared(part_s, s);
+#pragma unroll
+        for (int i = 0; i < T::kTilesPerWarp; ++i)
+#pragma unroll
+          for (int mt = 0; mt < M_TILES; ++mt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e)
+              sum[i][mt][e] += ld_shared_cluster_f32(part + 4 * (((i * M_TILES + mt) * 4 + e) * T::kThreads + tid));
+      }
+    }
+    cluster_sync();  // a CTA's shared memory must outlive split 0's reads of it
+    if (split != 0) return;
+  } else {
+    const int64_t tile_id = (int64_t)blockIdx.z * gridDim.x + blockIdx.x;
+    float* mine = p.partial + (tile_id * p.splits + split) * T::kTileElems;
 #pragma unroll
     for (int i = 0; i < T::kTilesPerWarp; ++i)
 #pragma unroll
       for (int mt = 0; mt < M_TILES; ++mt)
 #pragma unroll
         for (int e = 0; e < 4; ++e)
-          sum[i][mt][e] += __ldcg(part + ((i * M_TILES + mt) * 4 + e) * T::kThreads + tid);
+          __stcg(mine + ((i * M_TILES + mt) * 4 + e) * T::kThreads + tid, acc[i][mt][e]);
+    // Hand-off as in CUTLASS's GenericBarrier: the CTA barrier orders every thread's partial stores
+    // before thread 0's release; thread 0's acquire plus the barrier order the last CTA's loads
+    // after every other CTA's release. No per-thread fence.sc (MEMBAR.SC.GPU) on this path.
+    __syncthreads();
+    if (tid == 0) s_is_last = (atomic_add_acq_rel_gpu(p.tickets + tile_id, 1) == p.splits - 1);
+    __syncthreads();
+    if (!s_is_last) return;
+#pragma unroll kSumUnroll
+    for (int s = 0; s < p.splits; ++s) {
+      const float* part = p.partial + (tile_id * p.splits + s) * T::kTileElems;
+#pragma unroll
+      for (int i = 0; i < T::kTilesPerWarp; ++i)
+#pragma unroll
+        for (int mt = 0; mt < M_TILES; ++mt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e)
+            sum[i][mt][e] += __ldcg(part + ((i * M_TILES + mt) * 4 + e) * T::kThreads + tid);
+    }
+    if (tid == 0) p.tickets[tile_id] = 0;  // ready for the next launch on this workspace
   }
-  if (tid == 0) p.tickets[tile_id] = 0;  // ready for the next launch on this workspace
   store(sum);
 }
 
@@ -285,7 +322,8 @@ static_assert(W4A16Traits<1>::kTileElems == tile_elems(1) && W4A16Traits<2>::kTi
 
 }  // namespace
 
-W4A16Plan plan_w4a16(int M, int N, int K, int sm_count, size_t workspace_bytes, int split_target) {
+W4A16Plan plan_w4a16(int M, int N, int K, int sm_count, size_t workspace_bytes, int split_target,
+                     bool cluster) {
   W4A16Plan plan{};
   plan.m_tiles = M <= 8 ? 1 : M <= 16 ? 2 : M <= 32 ? 4 : 8;
   plan.m_blocks = ceil_div(M, 8 * plan.m_tiles);
@@ -310,6 +348,11 @@ W4A16Plan plan_w4a16(int M, int N, int K, int sm_count, size_t workspace_bytes, 
       plan.workspace_bytes = 0;
       break;
     }
+    if (cluster && splits <= kW4A16MaxClusterSplits) {
+      plan.cluster = true;
+      plan.workspace_bytes = 0;
+      break;
+    }
     plan.workspace_bytes = plan.partial_offset + (size_t)base * splits * plan.partial_tile_bytes;
     if (plan.workspace_bytes <= workspace_bytes) break;
     splits = splits / 2;  // shrink until the partials fit
@@ -321,10 +364,14 @@ int launch_gemm_w4a16(const void* x, const void* qweight, const void* scales,
                       const float* weight_scale_2, const void* bias, void* y, int M, int N, int K,
                       void* workspace, size_t workspace_bytes, const W4A16Plan& plan, bool pdl,
                       cudaStream_t stream) {
-  if (plan.splits > 1 && (workspace == nullptr || plan.workspace_bytes > workspace_bytes))
+  const bool tickets = plan.splits > 1 && !plan.cluster;
+  if (plan.cluster && (plan.splits < 2 || plan.splits > kW4A16MaxClusterSplits))
+    return set_error(kInvalidArgument, "gemm_w4a16: a cluster-reduced plan needs 2..%d splits, got %d",
+                     kW4A16MaxClusterSplits, plan.splits);
+  if (tickets && (workspace == nullptr || plan.workspace_bytes > workspace_bytes))
     return set_error(kWorkspaceTooSmall, "gemm_w4a16: workspace of %zu bytes, plan needs %zu",
                      workspace_bytes, plan.workspace_bytes);
-  if (plan.splits > 1 && (int64_t)plan.n_ctas * plan.m_blocks > kW4A16MaxTicketTiles)
+  if (tickets && (int64_t)plan.n_ctas * plan.m_blocks > kW4A16MaxTicketTiles)
     return set_error(kInvalidArgument, "gemm_w4a16: %lld tiles exceed the %lld split-K tickets",
                      (long long)plan.n_ctas * plan.m_blocks, (long long)kW4A16MaxTicketTiles);
   W4A16Params p{};
@@ -340,22 +387,24 @@ int launch_gemm_w4a16(const void* x, const void* qweight, const void* scales,
   p.n_chunks = ceil_div(K, kChunkK);
   p.chunks_per_split = plan.chunks_per_split;
   p.splits = plan.splits;
-  if (plan.splits > 1) {
+  p.cluster_reduce = plan.cluster ? 1 : 0;
+  if (tickets) {
     p.tickets = static_cast<int*>(workspace);
     p.partial = reinterpret_cast<float*>(static_cast<uint8_t*>(workspace) + plan.partial_offset);
   }
   const dim3 grid(plan.n_ctas, plan.splits, plan.m_blocks);
+  const unsigned cluster_y = plan.cluster ? (unsigned)plan.splits : 1u;
   cudaError_t err;
   switch (plan.m_tiles) {
-    case 1: err = launch_kernel(gemm_w4a16_kernel<1>, grid, dim3(128), stream, pdl, p); break;
-    case 2: err = launch_kernel(gemm_w4a16_kernel<2>, grid, dim3(128), stream, pdl, p); break;
-    case 4: err = launch_kernel(gemm_w4a16_kernel<4>, grid, dim3(128), stream, pdl, p); break;
-    default: err = launch_kernel(gemm_w4a16_kernel<8>, grid, dim3(128), stream, pdl, p); break;
+    case 1: err = launch_kernel(gemm_w4a16_kernel<1>, grid, dim3(128), stream, pdl, cluster_y, p); break;
+    case 2: err = launch_kernel(gemm_w4a16_kernel<2>, grid, dim3(128), stream, pdl, cluster_y, p); break;
+    case 4: err = launch_kernel(gemm_w4a16_kernel<4>, grid, dim3(128), stream, pdl, cluster_y, p); break;
+    default: err = launch_kernel(gemm_w4a16_kernel<8>, grid, dim3(128), stream, pdl, cluster_y, p); break;
   }
   if (err != cudaSuccess) {
     (void)cudaGetLastError();  // the same error is pending there: do not report it twice
-    return set_error(kLaunchFailed, "gemm_w4a16: launch failed (pdl=%d): %s", pdl ? 1 : 0,
-                     cudaGetErrorString(err));
+    return set_error(kLaunchFailed, "gemm_w4a16: launch failed (pdl=%d, cluster=%u): %s", pdl ? 1 : 0,
+                     cluster_y, cudaGetErrorString(err));
   }
   return check_launch("gemm_w4a16");
 }

@@ -23,20 +23,31 @@ int device_info(int device, DeviceInfo* out);
 
 // Launch on `stream`; with pdl, as a programmatic dependent launch (the kernel must pdl_wait()
 // before reading anything an earlier kernel writes). Captured into CUDA graphs as a programmatic
-// edge.
+// edge. cluster_y > 1 groups each run of cluster_y CTAs along y into one thread-block cluster.
 template <typename... Params, typename... Args>
 cudaError_t launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, cudaStream_t stream,
-                          bool pdl, Args&&... args) {
-  cudaLaunchAttribute attr;
-  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr.val.programmaticStreamSerializationAllowed = 1;
+                          bool pdl, unsigned cluster_y, Args&&... args) {
+  cudaLaunchAttribute attrs[2];
+  unsigned n = 0;
+  if (pdl) {
+    attrs[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attrs[n].val.programmaticStreamSerializationAllowed = 1;
+    ++n;
+  }
+  if (cluster_y > 1) {
+    attrs[n].id = cudaLaunchAttributeClusterDimension;
+    attrs[n].val.clusterDim.x = 1;
+    attrs[n].val.clusterDim.y = cluster_y;
+    attrs[n].val.clusterDim.z = 1;
+    ++n;
+  }
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = grid;
   cfg.blockDim = block;
   cfg.dynamicSmemBytes = 0;
   cfg.stream = stream;
-  cfg.attrs = &attr;
-  cfg.numAttrs = pdl ? 1 : 0;
+  cfg.attrs = attrs;
+  cfg.numAttrs = n;
   return cudaLaunchKernelEx(&cfg, kernel, static_cast<Args&&>(args)...);
 }
 
@@ -53,14 +64,21 @@ struct W4A16Plan {
   size_t workspace_bytes;  // bytes of workspace the plan uses (0 when splits == 1)
   size_t partial_offset;   // where the fp32 partial tiles start (== kW4A16TicketRegionBytes)
   size_t partial_tile_bytes;  // bytes of one (tile, split) partial slot
+  bool cluster;               // split-K reduced inside a thread-block cluster (no workspace)
 };
+// Flags of sm120_gemm_w4a16 / sm120_w4a16_plan.
+enum : int { kW4A16Pdl = 1, kW4A16ClusterReduce = 2, kW4A16KnownFlags = 3 };
+// The splits of one tile form one cluster: at most the portable cluster size.
+constexpr int kW4A16MaxClusterSplits = 8;
 // Split-K workspace layout, the same for EVERY plan: one int ticket per (N, M) tile in the first
 // 256 KB, partial tiles after it. The ticket region must not move with the plan: a workspace
 // outlives calls, and a later plan's tickets must never land on an earlier plan's partials
 // (they would start at garbage counts and the tile would never be reduced).
 constexpr size_t kW4A16TicketRegionBytes = 256u << 10;
 constexpr int64_t kW4A16MaxTicketTiles = kW4A16TicketRegionBytes / sizeof(int);
-W4A16Plan plan_w4a16(int M, int N, int K, int sm_count, size_t workspace_bytes, int split_target);
+// cluster: reduce the splits of a tile inside one thread-block cluster where they fit in one.
+W4A16Plan plan_w4a16(int M, int N, int K, int sm_count, size_t workspace_bytes, int split_target,
+                     bool cluster);
 
 int launch_gemm_w4a16(const void* x, const void* qweight, const void* scales,
                       const float* weight_scale_2, const void* bias, void* y, int M, int N, int K,

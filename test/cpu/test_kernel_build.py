@@ -107,7 +107,8 @@ def _functions(sass: str) -> dict:
 
 def test_w4a16_prefetches_weights_before_the_pdl_wait_and_has_no_sc_fence(built, cuobjdump):
     """PDL: weight copies (LDGSTS) precede griddepcontrol.wait (ACQBULK), the grid triggers its
-    dependents (PREEXIT), and the split-K hand-off uses one acq_rel atomic, not fence.sc."""
+    dependents (PREEXIT), the split-K hand-off uses one acq_rel atomic, not fence.sc, and the
+    cluster reduction has its two cluster barriers (UCGABAR arrive + wait)."""
     _, out, _ = built
     for arch in ("sm_90a", "sm_120a"):
         fns = {n: b for n, b in _functions(_dump(cuobjdump, out / kb.LIBRARY_NAME, "-sass", "-arch", arch)).items()
@@ -119,6 +120,9 @@ def test_w4a16_prefetches_weights_before_the_pdl_wait_and_has_no_sc_fence(built,
             assert before_wait.count("LDGSTS") >= 4, (arch, name)  # the first stages' weights
             assert "MEMBAR.SC" not in body, (arch, name)
             assert re.search(r"ATOMG\.E\.ADD\S*\.STRONG\.GPU", body), (arch, name)
+            assert body.count("UCGABAR_ARV") == 2 and body.count("UCGABAR_WAIT") == 2, (arch, name)
+            assert body.count("LDG.E.U16") == 8 * int(re.search(r"ILi(\d)E", name).group(1)), (
+                arch, name, "one copy of the output store (bias loads per element)")
 
 
 def test_no_kernel_reads_an_unwritten_uniform_register(built, cuobjdump):
@@ -163,16 +167,16 @@ def test_library_loads_without_gpu(built):
     code = (
         "import ctypes; lib = ctypes.CDLL(%r);"
         "lib.sm120_build_archs.restype = ctypes.c_char_p;"
-        "out = (ctypes.c_int * 5)(); need = ctypes.c_size_t(0);"
-        "rc = lib.sm120_w4a16_plan(1, 6144, 2048, 132, ctypes.c_size_t(1 << 24), 0, out, ctypes.byref(need));"
+        "out = (ctypes.c_int * 6)(); need = ctypes.c_size_t(0);"
+        "rc = lib.sm120_w4a16_plan(1, 6144, 2048, 132, ctypes.c_size_t(1 << 24), 0, 0, out, ctypes.byref(need));"
         "print(lib.sm120_abi_version(), lib.sm120_build_archs().decode(), rc, list(out))"
     ) % str(out / kb.LIBRARY_NAME)
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     abi, archs, rc, plan = proc.stdout.split(" ", 3)
     assert (abi, archs, rc) == (str(_lib_abi_version()), "sm_90a,sm_120a", "0")
-    m_tiles, m_blocks, n_ctas, splits, _ = eval(plan)
-    assert (m_tiles, m_blocks, n_ctas) == (1, 1, 48) and n_ctas * splits >= 2 * 132
+    m_tiles, m_blocks, n_ctas, splits, _, cluster = eval(plan)
+    assert (m_tiles, m_blocks, n_ctas, cluster) == (1, 1, 48, 0) and n_ctas * splits >= 2 * 132
 
 
 def test_bad_arch_and_compile_error_are_one_line(tmp_path):
@@ -206,23 +210,25 @@ def _plan_fn(lib_path):
     lib = ctypes.CDLL(str(lib_path))
     size_t = ctypes.c_size_t
 
-    def plan(m, n, k, sms, split_target=0):
-        out, need, lay = (ctypes.c_int * 5)(), size_t(0), (size_t * 4)()
-        assert lib.sm120_w4a16_plan(m, n, k, sms, size_t(WORKSPACE), split_target, out, ctypes.byref(need)) == 0
-        assert lib.sm120_w4a16_workspace_layout(m, n, k, sms, size_t(WORKSPACE), split_target, lay) == 0
-        keys = ("m_tiles", "m_blocks", "n_ctas", "splits", "chunks_per_split")
+    def plan(m, n, k, sms, split_target=0, flags=0):
+        out, need, lay = (ctypes.c_int * 6)(), size_t(0), (size_t * 4)()
+        assert lib.sm120_w4a16_plan(m, n, k, sms, size_t(WORKSPACE), split_target, flags, out,
+                                    ctypes.byref(need)) == 0
+        assert lib.sm120_w4a16_workspace_layout(m, n, k, sms, size_t(WORKSPACE), split_target, flags, lay) == 0
+        keys = ("m_tiles", "m_blocks", "n_ctas", "splits", "chunks_per_split", "cluster")
         return dict(zip(keys, out), workspace_bytes=need.value, ticket_region_bytes=lay[0],
                     partial_offset=lay[1], partial_tile_bytes=lay[2])
+    plan.lib = lib
     return plan
 
 
-def w4a16_workspace_model(plan, sms, calls):
+def w4a16_workspace_model(plan, sms, calls, flags=0):
     """Replays `calls` [(m, n, k)] on one workspace as the kernel indexes it; returns problems."""
     import numpy as np
     dirty = np.zeros(WORKSPACE, dtype=bool)  # bytes holding leftover partials
     problems = []
     for m, n, k in calls:
-        p = plan(m, n, k, sms)
+        p = plan(m, n, k, sms, flags=flags)
         tag = f"M={m} N={n} K={k} {p}"
         n_chunks = -(-k // 64)
         tokens = 8 * p["m_tiles"]
@@ -236,7 +242,15 @@ def w4a16_workspace_model(plan, sms, calls):
         if not (1 <= splits <= 65535 and begins[-1] < n_chunks <= splits * cps):
             problems.append(f"{tag}: splits do not partition the {n_chunks} K chunks")
         if splits == 1:
+            if p["cluster"]:
+                problems.append(f"{tag}: one split but cluster-reduced")
             continue
+        if p["cluster"]:  # reduced in the cluster's shared memory: the workspace is not touched
+            if not (flags & 2) or not 2 <= splits <= 8 or p["workspace_bytes"] != 0:
+                problems.append(f"{tag}: bad cluster plan")
+            continue
+        if flags & 2 and splits <= 8:
+            problems.append(f"{tag}: <= 8 splits with cluster reduce asked, but reduced through the workspace")
         tiles = p["n_ctas"] * p["m_blocks"]  # ticket index z * gridDim.x + x
         t_end = 4 * tiles
         slot = p["partial_tile_bytes"]
@@ -263,3 +277,35 @@ def test_w4a16_plan_and_workspace_model_over_successive_calls(built, sms):
     assert sum(plan(m, n, k, sms)["splits"] > 1 for m, n, k in calls) > 20  # the model has work
     problems = w4a16_workspace_model(plan, sms, calls + calls[::-1])
     assert not problems, f"{len(problems)} problems, first: {problems[:3]}"
+
+
+@pytest.mark.parametrize("sms", [132, 188])
+def test_w4a16_cluster_plans_keep_the_split_and_need_no_workspace(built, sms):
+    _, out, _ = built
+    plan = _plan_fn(out / kb.LIBRARY_NAME)
+    calls = [(m, n, k) for n, k in GEMM_SHAPES for m in GEMM_MS]
+    cluster = [c for c in calls if plan(*c, sms, flags=2)["cluster"]]
+    assert len(cluster) > 10  # most small-M plans split 2..8 ways
+    assert any(2 < plan(*c, sms)["splits"] <= 8 for c in cluster)
+    for c in calls:
+        a, b = plan(*c, sms), plan(*c, sms, flags=2)
+        assert (a["n_ctas"], a["m_blocks"]) == (b["n_ctas"], b["m_blocks"]), c
+        if b["cluster"]:  # the wanted split: no longer shrunk to fit partials in the workspace
+            assert b["splits"] >= a["splits"], c
+        else:
+            assert (a["splits"], a["chunks_per_split"]) == (b["splits"], b["chunks_per_split"]), c
+    # cluster and ticket plans interleaved on one workspace (the model checks each call's tickets)
+    problems = w4a16_workspace_model(plan, sms, calls + calls[::-1], flags=2)
+    assert not problems, f"{len(problems)} problems, first: {problems[:3]}"
+    assert not w4a16_workspace_model(plan, sms, calls, flags=0)
+
+
+def test_w4a16_unknown_flags_are_refused(built):
+    import ctypes
+    _, out, _ = built
+    plan = _plan_fn(out / kb.LIBRARY_NAME)
+    lib = plan.lib
+    lib.sm120_last_error.restype = ctypes.c_char_p
+    o, need = (ctypes.c_int * 6)(), ctypes.c_size_t(0)
+    assert lib.sm120_w4a16_plan(1, 512, 512, 132, ctypes.c_size_t(WORKSPACE), 0, 4, o, ctypes.byref(need)) != 0
+    assert b"unknown flags 0x4" in lib.sm120_last_error()

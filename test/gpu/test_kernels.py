@@ -268,6 +268,68 @@ def test_pdl_chain_in_a_graph_matches_plain_launches(K, m):
             assert torch.equal(y, eager[False]), f"pdl={pdl} replay {rep}"
 
 
+CLUSTER_CASES = [(5120, 2048, 1), (5120, 2048, 16), (2624, 6144, 8), (16384, 2048, 1), (2048, 4096, 32),
+                 (5120, 2048, 64), (6144, 256, 128), (384, 320, 3)]
+
+
+@pytest.mark.parametrize("n,k,m", CLUSTER_CASES, ids=[f"N{n}-K{k}-M{m}" for n, k, m in CLUSTER_CASES])
+def test_cluster_reduce_gives_the_bits_of_the_workspace_reduction(K, n, k, m):
+    """The splits of a tile reduced in a thread-block cluster (DSMEM) sum in the same order as the
+    last-CTA reduction through the workspace: identical bits, eager, in a graph and under PDL."""
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    ticket, cluster = K.w4a16_plan(m, n, k, sms), K.w4a16_plan(m, n, k, sms, cluster=True)
+    q = _weight(n, k, n + 7 * m)
+    pw = K.pack_weight(q["weight"], q["weight_scale"], q["weight_scale_2"])
+    wd = _exact_dequant(q["weight"], q["weight_scale"], q["weight_scale_2"])
+    x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
+    ref = K.gemm_w4a16(x, pw, cluster=False, split_target=0).clone()
+    _assert_close(ref, x.float() @ wd.t(), x.float().abs() @ wd.abs().t(), f"tickets N={n} K={k} M={m}")
+    if not cluster["cluster"]:
+        assert cluster["splits"] == 1 or cluster["splits"] > 8, cluster
+        pytest.skip(f"plan does not cluster-reduce: {cluster}")
+    assert 2 <= cluster["splits"] <= 8 and cluster["workspace_bytes"] == 0
+    if cluster["splits"] == ticket["splits"]:  # same split: same partials, same summation order
+        for pdl in (False, True):
+            assert torch.equal(K.gemm_w4a16(x, pw, cluster=True, pdl=pdl), ref), f"pdl={pdl}"
+    else:  # the workspace shrank the ticket plan's split: other partials, so check the values
+        y = K.gemm_w4a16(x, pw, cluster=True)
+        _assert_close(y, x.float() @ wd.t(), x.float().abs() @ wd.abs().t(), f"cluster N={n} K={k} M={m}")
+    x_static = x.clone()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        want = K.gemm_w4a16(x_static, pw, cluster=True, pdl=True).clone()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        y_g = K.gemm_w4a16(x_static, pw, cluster=True, pdl=True)
+    for _ in range(3):
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(y_g, want)
+
+
+def test_pdl_chain_with_cluster_reduce_matches_plain_launches(K):
+    n = k = 2048
+    layers = []
+    for i in range(6):
+        q = _weight(n, k, 60 + i)
+        layers.append(K.pack_weight(q["weight"], q["weight_scale"], q["weight_scale_2"]))
+    x0 = torch.randn(16, k, device="cuda").to(torch.bfloat16)
+    outs = {}
+    for cluster in (False, True):
+        for pdl in (False, True):
+            x = x0
+            for pw in layers:
+                x = K.gemm_w4a16(x, pw, pdl=pdl, cluster=cluster)
+            outs[(cluster, pdl)] = x
+    torch.cuda.synchronize()
+    base = outs[(False, False)]
+    assert torch.isfinite(base.float()).all()
+    for key, y in outs.items():
+        assert torch.equal(y, base), key
+
+
 def test_split_k_workspace_reused_across_plans(K):
     # The workspace outlives calls; only its ticket region must be zero between them. Partials
     # left by other plans (here: garbage) must not matter, also for plans with > 64 tiles (the

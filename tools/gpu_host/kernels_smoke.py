@@ -124,6 +124,19 @@ def check_w4a16_pdl_chain(m):
     return diff == 0, f"{diff} of {ys[False].numel()} outputs differ between PDL on and off"
 
 
+def check_w4a16_cluster(n, k, m):
+    """Split-K reduced in a thread-block cluster vs through the workspace: the same bits."""
+    _, pw, _ = _weight(n, k, 5 * n + k)
+    x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    plan = K.w4a16_plan(m, n, k, sms, cluster=True)
+    ys = {c: K.gemm_w4a16(x, pw, cluster=c) for c in (False, True)}
+    torch.cuda.synchronize()
+    diff = int((ys[False] != ys[True]).sum())
+    return diff == 0 and plan["cluster"], (f"{diff} of {ys[False].numel()} outputs differ "
+                                           f"(plan splits={plan['splits']} cluster={plan['cluster']})")
+
+
 def _workspace():
     return K.workspace(torch.device("cuda", torch.cuda.current_device()))
 
@@ -172,6 +185,8 @@ STEPS = [
     ("gemm_w4a16 glm5 q_a+kv_a M=256  N=2624  K=6144", lambda: check_w4a16(2624, 6144, 256)),
     ("gemm_w4a16 PDL chain M=1", lambda: check_w4a16_pdl_chain(1)),
     ("gemm_w4a16 PDL chain M=16", lambda: check_w4a16_pdl_chain(16)),
+    ("gemm_w4a16 cluster reduce M=1  N=5120 K=2048", lambda: check_w4a16_cluster(5120, 2048, 1)),
+    ("gemm_w4a16 cluster reduce M=16 N=2624 K=6144", lambda: check_w4a16_cluster(2624, 6144, 16)),
     ("split-K tickets all back at zero", check_tickets_zero),
 ]
 

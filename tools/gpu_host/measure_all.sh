@@ -11,15 +11,17 @@
 #   traps        test_layerwise_traps.py on tiny qwen3_moe bf16 (no Dynamo/subprocess)          600
 #   correctness  quick grid of test_layerwise_correctness.py for deepseek_v2 bf16 and qwen3_moe
 #                nvfp4 (+ the OOM test)                                                         1200
+#   eager-warmup bench_runner.py --diagnose-eager-warmup: where upstream's graphs-disabled
+#                warmup spends its time on a tiny MoE (stacks every 15 s)                        450
 # Needs the fork importable (PYTHONPATH=/tmp/site:python on the H200 host) and, for fp4, the
 # kernel library built (kernels_check.sh does it; SGLANG_SM120_KERNEL_LIB points at it).
 # Every step's log is RESULTS/<step>.log; the queue's own lines go to stdout with timestamps.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-[ $# -ge 1 ] || { sed -n '2,17p' "$0" >&2; exit 2; }
+[ $# -ge 1 ] || { sed -n '2,18p' "$0" >&2; exit 2; }
 RES=$(mkdir -p "$1" && cd "$1" && pwd); shift
 STEPS=("$@")
-[ ${#STEPS[@]} -gt 0 ] || STEPS=(fp4 runner traps correctness)
+[ ${#STEPS[@]} -gt 0 ] || STEPS=(fp4 runner traps correctness eager-warmup)
 export SGLANG_SM120_KERNEL_LIB="${SGLANG_SM120_KERNEL_LIB:-$PWD/python/sglang/sm120/kernels/lib}"
 PY="${PYTHON:-python3}"
 FAILED=()
@@ -47,7 +49,11 @@ for s in "${STEPS[@]}"; do
       SGLANG_SM120_GPU_QUICK=1 SGLANG_SM120_RESULTS_DIR="$RES" step correctness 1200 "$PY" -m pytest -m gpu -q \
         -p no:cacheprovider test/gpu/test_layerwise_correctness.py \
         -k "deepseek_v2-bf16 or qwen3_moe-nvfp4 or oom" ;;
-    *) say "unknown step $s (fp4 runner traps correctness)"; exit 2 ;;
+    eager-warmup)
+      step eager-warmup 450 "$PY" benchmarks/bench_runner.py --diagnose-eager-warmup --timeout 400 \
+        --results-dir "$RES" --workdir "$RES/eager-warmup-work"
+      ;;
+    *) say "unknown step $s (fp4 runner traps correctness eager-warmup)"; exit 2 ;;
   esac
 done
 say "done; failed steps: ${FAILED[*]:-none}"

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Optional
 
 LIBRARY_NAME = "libsm120_kernels.so"
-ABI_VERSION = 3
+ABI_VERSION = 4
 
 _lock = threading.Lock()
 _lib: Optional[ctypes.CDLL] = None
@@ -25,9 +25,9 @@ _SIGNATURES = {
     "sm120_last_error": (ctypes.c_char_p, []),
     "sm120_abi_version": (_c_int, []),
     "sm120_build_archs": (ctypes.c_char_p, []),
-    "sm120_w4a16_plan": (_c_int, [_c_int, _c_int, _c_int, _c_int, _c_size, _c_int,
+    "sm120_w4a16_plan": (_c_int, [_c_int, _c_int, _c_int, _c_int, _c_size, _c_int, _c_int,
                                   ctypes.POINTER(_c_int), ctypes.POINTER(_c_size)]),
-    "sm120_w4a16_workspace_layout": (_c_int, [_c_int, _c_int, _c_int, _c_int, _c_size, _c_int,
+    "sm120_w4a16_workspace_layout": (_c_int, [_c_int, _c_int, _c_int, _c_int, _c_size, _c_int, _c_int,
                                               ctypes.POINTER(_c_size)]),
     "sm120_quantize_nvfp4": (_c_int, [_c_int, _vp, _vp, _vp, _vp, _c_int, _c_int, _c_int, _vp]),
     "sm120_gemm_w4a16": (_c_int, [_c_int, _vp, _vp, _vp, _vp, _vp, _vp, _c_int, _c_int, _c_int,

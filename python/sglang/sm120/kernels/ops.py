@@ -28,6 +28,10 @@ _SYNC_AFTER_LAUNCH = os.environ.get("SGLANG_SM120_KERNEL_SYNC", "0") not in ("",
 # Programmatic dependent launch of the W4A16 GEMM (its weight prefetch overlaps the previous
 # kernel's tail); SGLANG_SM120_PDL=0 launches it as a plain kernel.
 PDL_DEFAULT = os.environ.get("SGLANG_SM120_PDL", "1") not in ("", "0")
+# Split-K reduced inside a thread-block cluster (<= 8 splits; no workspace round trip through L2)
+# instead of by the last CTA of each tile; SGLANG_SM120_W4A16_CLUSTER=1 makes it the default.
+CLUSTER_DEFAULT = os.environ.get("SGLANG_SM120_W4A16_CLUSTER", "0") not in ("", "0")
+_FLAG_PDL, _FLAG_CLUSTER = 1, 2  # kW4A16Pdl, kW4A16ClusterReduce (csrc/kernels.h)
 _ws_lock = threading.Lock()
 _workspaces: dict = {}
 
@@ -174,12 +178,16 @@ def _check_bias(bias, n: int, dev):
 
 def gemm_w4a16(x: torch.Tensor, weight: PackedWeight, *, bias: Optional[torch.Tensor] = None,
                out: Optional[torch.Tensor] = None, workspace_buf: Optional[torch.Tensor] = None,
-               split_target: int = 0, pdl: Optional[bool] = None) -> torch.Tensor:
+               split_target: int = 0, pdl: Optional[bool] = None,
+               cluster: Optional[bool] = None) -> torch.Tensor:
     """y bf16 [M, N] = x bf16 [M, K] . dequant(weight)^T (+ bias), fp32 accumulation.
 
     workspace_buf: optional zero-initialised uint8 CUDA buffer owned by the caller's stream
     (default: a cached one per device and stream). split_target: CTAs to aim for (0 = 2 per SM).
     pdl: programmatic dependent launch (None: $SGLANG_SM120_PDL, default on).
+    cluster: reduce up to 8 splits inside a thread-block cluster (None:
+    $SGLANG_SM120_W4A16_CLUSTER, default off); more splits still go through the workspace.
+    Both reductions sum in the same order: the results are bit-identical.
     """
     _tensor("x", x, _BF16, dim=2)
     dev = x.device
@@ -197,19 +205,22 @@ def gemm_w4a16(x: torch.Tensor, weight: PackedWeight, *, bias: Optional[torch.Te
     else:
         _tensor("workspace_buf", workspace_buf, torch.uint8, device=dev)
         _aligned("workspace_buf", workspace_buf)
-    _launch_w4a16(x, weight, bias, y, workspace_buf, int(split_target), PDL_DEFAULT if pdl is None else bool(pdl))
+    _launch_w4a16(x, weight, bias, y, workspace_buf, int(split_target), PDL_DEFAULT if pdl is None else bool(pdl),
+                  CLUSTER_DEFAULT if cluster is None else bool(cluster))
     return y
 
 
 def _launch_w4a16(x, weight: PackedWeight, bias, y, workspace_buf, split_target: int = 0,
-                  pdl: bool = PDL_DEFAULT) -> None:
+                  pdl: bool = PDL_DEFAULT, cluster: bool = CLUSTER_DEFAULT) -> None:
     dev = x.device
+    flags = (_FLAG_PDL if pdl else 0) | (_FLAG_CLUSTER if cluster else 0)
     rc = _lib.load().sm120_gemm_w4a16(dev.index, _ptr(x), _ptr(weight.qweight), _ptr(weight.scales),
                                       _ptr(weight.weight_scale_2), _ptr(bias), _ptr(y), x.shape[0], weight.n,
                                       weight.k, _ptr(workspace_buf), workspace_buf.numel(), split_target,
-                                      int(pdl), _stream(dev))
+                                      flags, _stream(dev))
     _lib.check(rc, "gemm_w4a16")
-    _debug_sync(dev, f"gemm_w4a16(M={x.shape[0]}, N={weight.n}, K={weight.k}, split_target={split_target}, pdl={pdl})")
+    _debug_sync(dev, f"gemm_w4a16(M={x.shape[0]}, N={weight.n}, K={weight.k}, split_target={split_target}, "
+                     f"pdl={pdl}, cluster={cluster})")
 
 
 _W4A4_MODES = {"auto": 0, "hardware": 1, "emulate": 2}
@@ -293,19 +304,22 @@ def layer_w4a4(x, input_scale, input_scale_inv, weight: PackedWeight, bias) -> t
 
 
 def w4a16_plan(m: int, n: int, k: int, sm_count: int, workspace_bytes: int = _WORKSPACE_BYTES,
-               split_target: int = 0) -> dict:
+               split_target: int = 0, cluster: bool = False) -> dict:
     """The split-K plan the W4A16 GEMM would use and its workspace layout (host only; for tests
     and benchmarks). Tickets (one int per tile z * n_ctas + x) occupy the first
     ticket_region_bytes for every plan; partial slot (tile, split) starts at
-    partial_offset + (tile * splits + split) * partial_tile_bytes."""
+    partial_offset + (tile * splits + split) * partial_tile_bytes. cluster: as gemm_w4a16's;
+    "cluster" in the result says whether this plan reduces in a cluster (then it uses no
+    workspace)."""
     lib = _lib.load()
-    out = (ctypes.c_int * 5)()
+    flags = _FLAG_CLUSTER if cluster else 0
+    out = (ctypes.c_int * 6)()
     need = ctypes.c_size_t(0)
-    _lib.check(lib.sm120_w4a16_plan(m, n, k, sm_count, workspace_bytes, split_target, out, ctypes.byref(need)),
-               "w4a16_plan")
+    _lib.check(lib.sm120_w4a16_plan(m, n, k, sm_count, workspace_bytes, split_target, flags, out,
+                                    ctypes.byref(need)), "w4a16_plan")
     lay = (ctypes.c_size_t * 4)()
-    _lib.check(lib.sm120_w4a16_workspace_layout(m, n, k, sm_count, workspace_bytes, split_target, lay),
+    _lib.check(lib.sm120_w4a16_workspace_layout(m, n, k, sm_count, workspace_bytes, split_target, flags, lay),
                "w4a16_workspace_layout")
     return {"m_tiles": out[0], "m_blocks": out[1], "n_ctas": out[2], "splits": out[3],
-            "chunks_per_split": out[4], "workspace_bytes": need.value, "ticket_region_bytes": lay[0],
-            "partial_offset": lay[1], "partial_tile_bytes": lay[2]}
+            "chunks_per_split": out[4], "cluster": bool(out[5]), "workspace_bytes": need.value,
+            "ticket_region_bytes": lay[0], "partial_offset": lay[1], "partial_tile_bytes": lay[2]}
