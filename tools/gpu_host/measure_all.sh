@@ -22,6 +22,10 @@ cd "$(dirname "$0")/../.."
 RES=$(mkdir -p "$1" && cd "$1" && pwd); shift
 STEPS=("$@")
 [ ${#STEPS[@]} -gt 0 ] || STEPS=(fp4 runner traps correctness eager-warmup)
+KNOWN="fp4 runner traps correctness eager-warmup"
+for s in "${STEPS[@]}"; do  # all checked before the first one starts
+  case " $KNOWN " in *" $s "*) ;; *) echo "measure_all.sh: unknown step $s ($KNOWN)"; exit 2 ;; esac
+done
 export SGLANG_SM120_KERNEL_LIB="${SGLANG_SM120_KERNEL_LIB:-$PWD/python/sglang/sm120/kernels/lib}"
 PY="${PYTHON:-python3}"
 FAILED=()
@@ -53,7 +57,6 @@ for s in "${STEPS[@]}"; do
       step eager-warmup 450 "$PY" benchmarks/bench_runner.py --diagnose-eager-warmup --timeout 400 \
         --results-dir "$RES" --workdir "$RES/eager-warmup-work"
       ;;
-    *) say "unknown step $s (fp4 runner traps correctness eager-warmup)"; exit 2 ;;
   esac
 done
 say "done; failed steps: ${FAILED[*]:-none}"

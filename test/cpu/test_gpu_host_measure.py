@@ -1,0 +1,37 @@
+"""tools/gpu_host/measure_all.sh: steps in order, each logged, a failed step does not stop the queue."""
+import os
+import subprocess
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+SCRIPT = REPO / "tools" / "gpu_host" / "measure_all.sh"
+
+
+def run(tmp_path, *steps, fail=""):
+    fake = tmp_path / "python"
+    # stands in for python3: records its arguments, fails when they contain $FAIL
+    fake.write_text('#!/bin/sh\necho "$@" >> "$CALLS"\n'
+                    'case "$*" in *"$FAIL"*) [ -n "$FAIL" ] && { echo "1 failed"; exit 1; } ;; esac\n'
+                    'echo "1 passed"\n')
+    fake.chmod(0o755)
+    env = dict(os.environ, PYTHON=str(fake), CALLS=str(tmp_path / "calls"), FAIL=fail)
+    proc = subprocess.run(["bash", str(SCRIPT), str(tmp_path / "res"), *steps], env=env,
+                          capture_output=True, text=True, timeout=60)
+    calls = (tmp_path / "calls").read_text().splitlines() if (tmp_path / "calls").exists() else []
+    return proc, calls
+
+
+def test_steps_run_in_order_and_a_failure_does_not_stop_the_queue(tmp_path):
+    proc, calls = run(tmp_path, "fp4", "runner", "traps", fail="bench_runner")
+    assert proc.returncode == 1
+    assert [c.split()[0] for c in calls] == ["benchmarks/bench_fp4_gemm.py", "benchmarks/bench_runner.py", "-m"]
+    assert "--results-dir " + str(tmp_path / "res") in calls[0]
+    assert "test/gpu/test_layerwise_traps.py" in calls[2]
+    assert "runner: rc 1" in proc.stdout and "failed steps: runner" in proc.stdout
+    assert (tmp_path / "res" / "fp4.log").read_text().strip() == "1 passed"
+
+
+def test_unknown_step_is_refused(tmp_path):
+    proc, calls = run(tmp_path, "fp4", "nope")
+    assert proc.returncode == 2 and "unknown step nope" in proc.stdout
+    assert calls == []  # refused before the first step ran
