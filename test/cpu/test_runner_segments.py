@@ -314,3 +314,21 @@ def test_segment_capture_reforks_side_streams_after_a_cut():
     assert calls == [("main", "alt"), ("alt", "main")]  # joined before the cut, re-forked after
     cap._end()
     assert graph.num_segments == 2
+
+
+def test_replay_timed_profiles_the_eager_steps_when_asked(tmp_path, monkeypatch):
+    from sglang.sm120.runner import segments
+
+    out = tmp_path / "profile.txt"
+    monkeypatch.setenv(segments.PROFILE_ENV, str(out))
+    monkeypatch.setattr(segments, "_step_profiler", None)
+    model = ToyModel(layers=2)
+    static_ids = torch.randint(0, 50, (4,))
+    entry = _capture(model, static_ids, 4, StagingArena(4, "cpu"))
+    with torch.no_grad():
+        entry.graph.replay_timed()
+    prof = segments._step_profiler
+    assert prof is not None
+    segments._write_profile(prof, str(out))  # what atexit does
+    text = out.read_text()
+    assert "eager steps between layerwise segments" in text and "function calls" in text

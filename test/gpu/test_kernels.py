@@ -418,8 +418,11 @@ def _modelopt_layer(n_parts, k, seed):
     w = torch.randn(sum(n_parts), k, device="cuda", generator=g) * 0.03
     q = F.quantize_weight_modelopt(w)
     layer = torch.nn.Module()
-    layer.weight = torch.nn.Parameter(q["weight"], requires_grad=False)
-    layer.weight_scale = torch.nn.Parameter(q["weight_scale"], requires_grad=False)
+    # Clones: with upstream sglang importable, process_weights_after_loading repacks through
+    # copy_or_rebind_param, which copies into the existing parameter when the shape matches, so
+    # sharing q's storage would overwrite the reference weights (the H200 run of 2026-12-01).
+    layer.weight = torch.nn.Parameter(q["weight"].clone(), requires_grad=False)
+    layer.weight_scale = torch.nn.Parameter(q["weight_scale"].clone(), requires_grad=False)
     layer.weight_scale_2 = torch.nn.Parameter(q["weight_scale_2"].repeat(len(n_parts)), requires_grad=False)
     layer.input_scale = torch.nn.Parameter(torch.tensor([0.002, 0.003][: len(n_parts)] + [0.002] * (len(n_parts) - 2),
                                                         device="cuda"), requires_grad=False)

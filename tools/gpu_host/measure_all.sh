@@ -44,7 +44,7 @@ for s in "${STEPS[@]}"; do
     fp4) step fp4 300 "$PY" benchmarks/bench_fp4_gemm.py --max-seconds 200 --results-dir "$RES" ;;
     runner)
       step runner 2000 "$PY" benchmarks/bench_runner.py --tag h200 --timeout 480 --results-dir "$RES" \
-        --workdir "$RES/runner-work" --configs layerwise disabled upstream layerwise_every_size
+        --workdir "$RES/runner-work"
       tar -czf "$RES/runner-logs.tgz" -C "$RES" runner-work 2>/dev/null ;;
     traps)
       SGLANG_SM120_RESULTS_DIR="$RES" step traps 600 "$PY" -m pytest -m gpu -q -p no:cacheprovider \

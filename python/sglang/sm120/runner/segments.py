@@ -11,7 +11,11 @@ code is exercised on CPU with a graph emulator in the tests. No sglang imports h
 """
 from __future__ import annotations
 
+import atexit
 import contextlib
+import cProfile
+import os
+import pstats
 import time
 from typing import Any, Callable, Dict, List, Optional, Protocol
 
@@ -27,6 +31,31 @@ class GraphLike(Protocol):
 
 
 GraphFactory = Callable[[], GraphLike]
+
+
+# SGLANG_SM120_LAYERWISE_PROFILE=FILE (with SGLANG_SM120_LAYERWISE_TIMING=1): cProfile of the eager
+# steps between segments (the MoE's host path), written to FILE at exit, to show where their
+# host time goes. Diagnostics only: the profiler slows those steps down.
+PROFILE_ENV = "SGLANG_SM120_LAYERWISE_PROFILE"
+_step_profiler: Optional[cProfile.Profile] = None
+
+
+def _profiler() -> Optional[cProfile.Profile]:
+    global _step_profiler
+    path = os.environ.get(PROFILE_ENV)
+    if path and _step_profiler is None:
+        _step_profiler = cProfile.Profile()
+        atexit.register(_write_profile, _step_profiler, path)
+    return _step_profiler
+
+
+def _write_profile(prof: cProfile.Profile, path: str) -> None:
+    with open(path, "w") as f:
+        stats = pstats.Stats(prof, stream=f)
+        f.write("eager steps between layerwise segments, by own time\n")
+        stats.sort_stats("tottime").print_stats(40)
+        f.write("\nby cumulative time\n")
+        stats.sort_stats("cumulative").print_stats(40)
 
 
 def cuda_graph_factory() -> GraphLike:
@@ -58,11 +87,16 @@ class SegmentedGraph:
         steps = self.steps
         n_steps = len(steps)
         spent = 0.0
+        prof = _profiler()
         for i, seg in enumerate(self.segments):
             seg.replay()
             if i < n_steps:
                 t0 = clock()
+                if prof is not None:
+                    prof.enable()
                 steps[i]()
+                if prof is not None:
+                    prof.disable()
                 spent += clock() - t0
         self.step_host_seconds += spent
         self.timed_replays += 1
