@@ -65,6 +65,7 @@ TOP_LOGPROBS = 5
 NEAR_TIE_EPS = {"bf16": 0.25, "nvfp4": 0.5}  # nats, see the module docstring
 MAX_FLIP_FRACTION = 0.10  # of all prompts of one mode (first H200 run: 71/732 diverged)
 MAX_ABS_DELTA = {"bf16": 1.0, "nvfp4": 2.0}  # nats, chosen-token logprob on agreeing prefixes
+NOISE_SLACK, NOISE_EXTRA = 1.5, 2  # where graphs disabled does not repeat itself: see divergence_failures
 MODELS = [("qwen3_moe", "bf16"), ("qwen3_moe", "nvfp4"), ("deepseek_v2", "bf16"), ("deepseek_v2", "nvfp4")]
 TEST_MODES = ["full", "layerwise", "every_size"]
 LAYERWISE_MODES = ("layerwise", "every_size")
@@ -195,6 +196,45 @@ def render_table(title: str, rows: Dict[str, Dict[tuple, Cell]]) -> str:
                     f"{c.mismatches:>5} {c.max_abs_delta:>9.4f}"
                 )
     return "\n".join(lines)
+
+
+def divergence_failures(mode: str, got: "Cell", control: Optional["Cell"], noise: Optional["Cell"],
+                        quant: str) -> List[str]:
+    """Why `mode` fails against graphs disabled (empty: it passes).
+
+    Where the graphs-disabled reference repeats itself exactly (noise: its second pass; bf16 on
+    the H200), a layerwise mode may show no real mismatch that the `full` control lacks (same
+    prompt) and at most MAX_FLIP_FRACTION near-tie flips. Where the reference does not repeat
+    itself (NVFP4 through Marlin on SM90: its MoE reduces with atomics, 2026-12-01 run: 9 real
+    mismatches and 19% flips between two graphs-disabled passes) per-prompt attribution means
+    nothing, so counts are held to the noise floor instead: at most NOISE_SLACK x the larger of
+    the noise's and the control's count (+ NOISE_EXTRA real mismatches)."""
+    out = []
+    noisy = noise is not None and (noise.mismatches > 0 or noise.flips > MAX_FLIP_FRACTION * max(1, noise.total))
+    if noisy:
+        ref_real = max(noise.mismatches, control.mismatches if control is not None else 0)
+        allowed_real = NOISE_SLACK * ref_real + NOISE_EXTRA
+        if got.mismatches > allowed_real:
+            out.append(f"{mode}: {got.mismatches} real mismatches > {allowed_real:g} "
+                       f"(noise floor {noise.mismatches}, control {control.mismatches if control else '-'})")
+        ref_flips = max(noise.flips, control.flips if control is not None else 0)
+        allowed_flips = max(MAX_FLIP_FRACTION * got.total, NOISE_SLACK * ref_flips)
+        if got.flips > allowed_flips:
+            out.append(f"{mode}: {got.flips}/{got.total} near-tie flips > {allowed_flips:g} (noise floor {noise.flips})")
+    else:
+        if mode in LAYERWISE_MODES:
+            if control is not None:
+                extra = sorted(set(got.mismatch_labels) - set(control.mismatch_labels))
+                if extra:
+                    out.append(f"{mode}: {len(extra)} real mismatches the full-graph control lacks: {extra[:8]}")
+            elif got.mismatches:
+                out.append(f"{mode}: {got.mismatches} real mismatches (no full-graph control ran in this "
+                           f"process): {got.mismatch_labels[:8]}")
+        if got.flips > MAX_FLIP_FRACTION * got.total:
+            out.append(f"{mode}: {got.flips}/{got.total} near-tie flips > {MAX_FLIP_FRACTION:.0%}")
+    if got.max_abs_delta > MAX_ABS_DELTA[quant]:
+        out.append(f"{mode}: max |dlogprob| {got.max_abs_delta} > {MAX_ABS_DELTA[quant]}")
+    return out
 
 
 def totals(cells: Dict[tuple, Cell]) -> Cell:
@@ -341,20 +381,10 @@ def test_greedy_tokens_match_graphs_disabled(arch, quant, mode, tiny_root, tmp_p
 
     t = totals(cells)
     control = _ROWS[(arch, quant)].get("full") if mode in LAYERWISE_MODES else None
-    if mode == "full":
-        pass  # the control: its real mismatches are upstream's own graph-vs-eager differences
-    elif control is not None:
-        # Held to upstream's own CUDA graphs: no real mismatch that the `full` control (same
-        # prompts, same engine settings) does not show too.
-        extra = sorted(set(t.mismatch_labels) - set(totals(control).mismatch_labels))
-        assert not extra, f"{mode}: {len(extra)} real mismatches the full-graph control lacks: {extra[:8]}\n{table}"
-    else:
-        assert t.mismatches == 0, (f"{mode}: {t.mismatches} real mismatches (no full-graph control "
-                                   f"ran in this process): {t.mismatch_labels[:8]}\n{table}")
-    assert t.flips <= MAX_FLIP_FRACTION * t.total, (
-        f"{mode}: {t.flips}/{t.total} near-tie flips > {MAX_FLIP_FRACTION:.0%}\n{table}"
-    )
-    assert t.max_abs_delta <= MAX_ABS_DELTA[quant], f"{mode}: max |dlogprob| {t.max_abs_delta}\n{table}"
+    noise = _ROWS[(arch, quant)].get("disabled-repeat")
+    failures = divergence_failures(mode, t, totals(control) if control is not None else None,
+                                   totals(noise) if noise is not None else None, quant)
+    assert not failures, "\n".join(failures) + "\n" + table
     if mode not in LAYERWISE_MODES:
         return
     assert "decode" in reports, f"no layerwise decode capture report on stderr ({mode})"
