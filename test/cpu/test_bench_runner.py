@@ -82,3 +82,14 @@ def test_a_failed_configuration_keeps_the_others_and_is_reported(bench, tmp_path
     bench.main(["--tag", "pq", "--merge", "p", "q", "--results-dir", str(tmp_path)])
     merged = json.loads((tmp_path / "runner-pq.json").read_text())
     assert set(merged["runs"]) == {"upstream", "disabled"} and merged["failed"] == {}
+
+
+def test_graph_memory_target_compares_the_same_sizes(bench):
+    up = _run({64: 20.0}, {}, _cap(3.0, 0.7, 17.5, 0.62))
+    every = _run({64: 21.0}, {}, _cap(3.7, 2.8, 15.1, 1.98))
+    t = bench.compute_targets({"upstream": up, "layerwise_every_size": every})
+    entry = t["decode_graph_mem_layerwise_vs_full_same_sizes"]
+    assert not entry["met"] and "not the same sizes" in entry["note"]
+    same = _run({64: 21.0}, {}, _cap(0, 0, 5.0, 0.25))
+    t = bench.compute_targets({"upstream": up, "layerwise_every_size": every, "layerwise_every_size_256": same})
+    assert t["decode_graph_mem_layerwise_vs_full_same_sizes"] == {"value": 0.4032, "target": "<= 0.5", "met": True}

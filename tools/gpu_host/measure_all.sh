@@ -8,6 +8,7 @@
 # Steps, in the default order (most wanted figures first; each has its own time cap in seconds):
 #   fp4          benchmarks/bench_fp4_gemm.py (ours plain/PDL vs bf16 vs Marlin, split sweep)   300
 #   runner       benchmarks/bench_runner.py, all four configurations, saved after each          2000
+#   moe-profile  bench_runner.py --profile-eager-moe: cProfile of the eager MoE steps (bs 64)     300
 #   traps        test_layerwise_traps.py on tiny qwen3_moe bf16 (no Dynamo/subprocess)          600
 #   correctness  quick grid of test_layerwise_correctness.py for deepseek_v2 bf16 and qwen3_moe
 #                nvfp4 (+ the OOM test)                                                         1200
@@ -16,13 +17,15 @@
 # Needs the fork importable (PYTHONPATH=/tmp/site:python on the H200 host) and, for fp4, the
 # kernel library built (kernels_check.sh does it; SGLANG_SM120_KERNEL_LIB points at it).
 # Every step's log is RESULTS/<step>.log; the queue's own lines go to stdout with timestamps.
+# The host's copy of the tree may carry a stale .git: pass SGLANG_SM120_COMMIT=<sha> so the
+# results record the commit that was measured.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-[ $# -ge 1 ] || { sed -n '2,18p' "$0" >&2; exit 2; }
+[ $# -ge 1 ] || { sed -n '2,21p' "$0" >&2; exit 2; }
 RES=$(mkdir -p "$1" && cd "$1" && pwd); shift
 STEPS=("$@")
-[ ${#STEPS[@]} -gt 0 ] || STEPS=(fp4 runner traps correctness eager-warmup)
-KNOWN="fp4 runner traps correctness eager-warmup"
+[ ${#STEPS[@]} -gt 0 ] || STEPS=(fp4 runner moe-profile traps correctness eager-warmup)
+KNOWN="fp4 runner moe-profile traps correctness eager-warmup"
 for s in "${STEPS[@]}"; do  # all checked before the first one starts
   case " $KNOWN " in *" $s "*) ;; *) echo "measure_all.sh: unknown step $s ($KNOWN)"; exit 2 ;; esac
 done
@@ -46,6 +49,9 @@ for s in "${STEPS[@]}"; do
       step runner 2000 "$PY" benchmarks/bench_runner.py --tag h200 --timeout 480 --results-dir "$RES" \
         --workdir "$RES/runner-work"
       tar -czf "$RES/runner-logs.tgz" -C "$RES" runner-work 2>/dev/null ;;
+    moe-profile)  # after runner: the Triton MoE kernels are compiled by then
+      step moe-profile 300 "$PY" benchmarks/bench_runner.py --profile-eager-moe --timeout 280 \
+        --results-dir "$RES" --workdir "$RES/moe-profile-work" ;;
     traps)
       SGLANG_SM120_RESULTS_DIR="$RES" step traps 600 "$PY" -m pytest -m gpu -q -p no:cacheprovider \
         test/gpu/test_layerwise_traps.py -k "qwen3_moe-bf16" ;;
