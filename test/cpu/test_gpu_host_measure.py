@@ -35,3 +35,14 @@ def test_unknown_step_is_refused(tmp_path):
     proc, calls = run(tmp_path, "fp4", "nope")
     assert proc.returncode == 2 and "unknown step nope" in proc.stdout
     assert calls == []  # refused before the first step ran
+
+
+def test_serving_steps_run_only_when_named(tmp_path):
+    proc, calls = run(tmp_path, "serving", "soak")
+    assert proc.returncode == 0, proc.stdout
+    assert [c.split()[0] for c in calls] == ["benchmarks/bench_serving_matrix.py", "benchmarks/soak.py"]
+    default = tmp_path / "default"
+    default.mkdir()
+    proc, calls = run(default)  # no steps named: the default list, without the serving session
+    assert proc.returncode == 0 and len(calls) == 6
+    assert not {c.split()[0] for c in calls} & {"benchmarks/bench_serving_matrix.py", "benchmarks/soak.py"}

@@ -72,6 +72,10 @@ def module_plan(arch: str) -> List[Tuple[str, str, tuple]]:
             plan.append((f"{model}: ragged prefill", "gen_batch_prefill_module",
                          prefill(ragged, s["qk_nope"] + s["qk_rope"], s["v_head"])))
     plan.append(("sampling (top-k / top-p)", "sampling.gen_sampling_module", ()))
+    # compiled on the H200 by the 2026-12-01 jobs although not attention: merge of attention states
+    # (cascade) and FlashInfer's RMSNorm (norm)
+    plan.append(("attention-state merge", "cascade.gen_cascade_module", ()))
+    plan.append(("RMSNorm", "norm.gen_norm_module", ()))
     seen, out = set(), []
     for why, gen, args in plan:
         if (gen, args) not in seen:

@@ -14,6 +14,10 @@
 #                nvfp4 (+ the OOM test)                                                         1200
 #   eager-warmup bench_runner.py --diagnose-eager-warmup: where upstream's graphs-disabled
 #                warmup spends its time on a tiny MoE (stacks every 15 s)                        450
+# Not in the default list (a serving session of their own, ~25 min, issue 6):
+#   serving      bench_serving_matrix.py, the three configurations on the NVFP4 Qwen3-30B-shaped
+#                checkpoint (built on the host first, ~1 min)                                   1800
+#   soak         soak.py, 10 minutes at concurrency 1024 with 2% malformed requests              1200
 # Needs the fork importable (PYTHONPATH=/tmp/site:python on the H200 host) and, for fp4, the
 # kernel library built (kernels_check.sh does it; SGLANG_SM120_KERNEL_LIB points at it).
 # Every step's log is RESULTS/<step>.log; the queue's own lines go to stdout with timestamps.
@@ -21,11 +25,11 @@
 # results record the commit that was measured.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-[ $# -ge 1 ] || { sed -n '2,21p' "$0" >&2; exit 2; }
+[ $# -ge 1 ] || { sed -n '2,25p' "$0" >&2; exit 2; }
 RES=$(mkdir -p "$1" && cd "$1" && pwd); shift
 STEPS=("$@")
 [ ${#STEPS[@]} -gt 0 ] || STEPS=(fp4 runner moe-profile traps correctness eager-warmup)
-KNOWN="fp4 runner moe-profile traps correctness eager-warmup"
+KNOWN="fp4 runner moe-profile traps correctness eager-warmup serving soak"
 for s in "${STEPS[@]}"; do  # all checked before the first one starts
   case " $KNOWN " in *" $s "*) ;; *) echo "measure_all.sh: unknown step $s ($KNOWN)"; exit 2 ;; esac
 done
@@ -63,6 +67,12 @@ for s in "${STEPS[@]}"; do
       step eager-warmup 450 "$PY" benchmarks/bench_runner.py --diagnose-eager-warmup --timeout 400 \
         --results-dir "$RES" --workdir "$RES/eager-warmup-work"
       ;;
+    serving)
+      step serving 1800 "$PY" benchmarks/bench_serving_matrix.py --tag h200 --results-dir "$RES" \
+        --workdir "$RES/serving-work" --copy-to "$RES/serving-copy" ;;
+    soak)
+      step soak 1200 "$PY" benchmarks/soak.py --tag h200 --minutes 10 --results-dir "$RES" \
+        --copy-to "$RES/soak-copy" ;;
   esac
 done
 say "done; failed steps: ${FAILED[*]:-none}"

@@ -24,12 +24,32 @@ import sys
 import time
 from pathlib import Path
 
-# Modules the NVFP4 (ModelOpt) path uses on SM80-SM90: linear layers and MoE through Marlin.
+# (module, loader, arguments): a string argument names a torch attribute (a dtype), anything else
+# is passed as is. The first three are the NVFP4 (ModelOpt) path on SM80-SM90: linear layers and
+# MoE through Marlin (minutes each). The others are what the H200 compiled itself during the
+# 2026-12-01 jobs (tiny qwen3_moe / deepseek_v2, Qwen3-30B shapes; gpu-logs/2026-12-01-s4-jit-caches-after.txt),
+# seconds each but on the critical path of every server start.
 MODULES = {
     "gptq_marlin_repack": ("sglang.jit_kernel.gptq_marlin_repack", "_jit_gptq_marlin_repack_module", ()),
     "gptq_marlin_bf16": ("sglang.jit_kernel.gptq_marlin", "_jit_gptq_marlin_module", ("bfloat16",)),
     "moe_wna16_marlin_bf16": ("sglang.jit_kernel.moe_wna16_marlin", "_jit_moe_wna16_marlin_module", ("bfloat16",)),
+    "activation_bf16": ("sglang.jit_kernel.activation", "_jit_activation_module", ("bfloat16",)),
+    "clamp_position_int64": ("sglang.jit_kernel.clamp_position", "_jit_clamp_position_module", ("int64",)),
+    "fused_rope_neox_128_bf16": ("sglang.jit_kernel.rope", "_jit_fused_rope_module", (True, 128, "bfloat16")),
+    "fused_rope_neox_64_bf16": ("sglang.jit_kernel.rope", "_jit_fused_rope_module", (True, 64, "bfloat16")),
+    "fused_rope_gptj_64_bf16": ("sglang.jit_kernel.rope", "_jit_fused_rope_module", (False, 64, "bfloat16")),
+    "qknorm_128_bf16": ("sglang.jit_kernel.norm", "_jit_qknorm_module", (128, "bfloat16")),
+    "qknorm_64_bf16": ("sglang.jit_kernel.norm", "_jit_qknorm_module", (64, "bfloat16")),
+    # tiny deepseek_v2 (MLA): fused q_a + kv_a projection and the KV-buffer store
+    "dsv3_fused_a_gemm_256_832": ("sglang.jit_kernel.dsv3_fused_a_gemm", "_jit_dsv3_fused_a_gemm_module", (256, 832, True)),
+    "set_mla_kv_buffer_1024_128": ("sglang.jit_kernel.set_mla_kv_buffer", "_jit_set_mla_kv_buffer_module", (1024, 128, True)),
 }
+
+
+def loader_args(args):
+    import torch
+
+    return tuple(getattr(torch, a) if isinstance(a, str) else a for a in args)
 
 
 def main(argv=None) -> int:
@@ -66,7 +86,6 @@ def main(argv=None) -> int:
               flush=True)
     import importlib
 
-    import torch
     from sglang.jit_kernel.utils.arch import override_jit_cuda_arch
 
     with override_jit_cuda_arch(major, minor, suffix):
@@ -74,7 +93,7 @@ def main(argv=None) -> int:
             mod, fn, args = MODULES[name]
             t = time.time()
             print(f"[prebuild_jit] {name} for sm_{major}{minor}{suffix} ...", flush=True)
-            getattr(importlib.import_module(mod), fn)(*(getattr(torch, x) for x in args))
+            getattr(importlib.import_module(mod), fn)(*loader_args(args))
             print(f"[prebuild_jit] {name}: {time.time() - t:.0f} s", flush=True)
     print(f"[prebuild_jit] done in {time.time() - start:.0f} s -> {a.out}")
     return 0
