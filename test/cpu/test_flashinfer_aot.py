@@ -116,3 +116,23 @@ def test_install_refuses_another_flashinfer_version(tmp_path):
     assert proc.returncode != 0
     assert "built for flashinfer 0.7.2" in proc.stderr and "has 0.6.14" in proc.stderr
     assert not (site / "flashinfer" / "data" / "aot").exists()
+
+
+def test_missing_toolkit_headers_link_only_the_missing_families(tmp_path):
+    spec = importlib.util.find_spec("nvidia")
+    roots = list(spec.submodule_search_locations or []) if spec else []
+    have = {probe for probe, _ in fa.PIP_HEADER_FAMILIES
+            if any((i / probe).exists() for r in roots for i in Path(r).glob("*/include"))}
+    if have != {probe for probe, _ in fa.PIP_HEADER_FAMILIES}:
+        pytest.skip("needs the pip nvidia-curand and nvidia-cublas headers")
+    bare = tmp_path / "cuda"
+    (bare / "include").mkdir(parents=True)
+    inc = fa.missing_toolkit_headers(str(bare), tmp_path / "inc")
+    names = {p.name for p in inc.iterdir()}
+    assert {"curand_kernel.h", "cublasLt.h"} <= names
+    assert all(n.startswith(("curand", "cublas")) for n in names)  # nothing else can be shadowed
+    full = tmp_path / "cuda-full"
+    (full / "include").mkdir(parents=True)
+    for probe, _ in fa.PIP_HEADER_FAMILIES:
+        (full / "include" / probe).write_text("")
+    assert fa.missing_toolkit_headers(str(full), tmp_path / "inc2") is None

@@ -110,25 +110,34 @@ def driver_stub(cuda_home: str, work: Path) -> Path:
     return work
 
 
+# (header that marks the family, the family's files): toolkit headers FlashInfer modules include
+# that a minimal CUDA install lacks; torch's pip wheels (nvidia-curand, nvidia-cublas) ship them.
+# fa3 prefill includes CUTLASS utilities that include curand_kernel.h; norm includes cublasLt.h.
+PIP_HEADER_FAMILIES = (("curand_kernel.h", "curand*.h"), ("cublasLt.h", "cublas*.h"))
+
+
 def missing_toolkit_headers(cuda_home: str, work: Path) -> Path | None:
-    """An include folder with the cuRAND headers when the toolkit lacks them (the build machine's
-    does: a minimal CUDA install). FlashInfer's fa3 modules include CUTLASS utilities that include
-    curand_kernel.h; the pip wheel nvidia-curand (a torch dependency) ships the same headers.
-    Only curand*.h go in the folder, so no other toolkit header can be shadowed."""
-    if (Path(cuda_home) / "include" / "curand_kernel.h").exists():
-        return None
+    """An include folder with links to the header families of PIP_HEADER_FAMILIES that the
+    toolkit at cuda_home lacks (the build machine's: a minimal CUDA install), taken from the pip
+    nvidia-* wheels; None when it lacks none. Only those families are linked, so no other toolkit
+    header can be shadowed."""
     import importlib.util
 
-    for root in importlib.util.find_spec("nvidia").submodule_search_locations or []:
-        for inc in sorted(Path(root).glob("*/include")):
-            if (inc / "curand_kernel.h").exists():
-                work.mkdir(parents=True, exist_ok=True)
-                for h in inc.glob("curand*.h"):
-                    (work / h.name).unlink(missing_ok=True)
-                    (work / h.name).symlink_to(h)
-                return work
-    raise RuntimeError(f"curand_kernel.h is neither in {cuda_home}/include nor in a pip nvidia-curand wheel "
-                       "(pip install nvidia-curand)")
+    missing = [(probe, pattern) for probe, pattern in PIP_HEADER_FAMILIES
+               if not (Path(cuda_home) / "include" / probe).exists()]
+    if not missing:
+        return None
+    roots = list(importlib.util.find_spec("nvidia").submodule_search_locations or [])
+    for probe, pattern in missing:
+        inc = next((i for r in roots for i in sorted(Path(r).glob("*/include")) if (i / probe).exists()), None)
+        if inc is None:
+            raise RuntimeError(f"{probe} is neither in {cuda_home}/include nor in a pip nvidia-* wheel "
+                               "(pip install nvidia-curand nvidia-cublas)")
+        work.mkdir(parents=True, exist_ok=True)
+        for h in inc.glob(pattern):
+            (work / h.name).unlink(missing_ok=True)
+            (work / h.name).symlink_to(h)
+    return work
 
 
 def build(arch: str, out: Path, log: Callable[[str], None] = print) -> dict:
@@ -144,10 +153,13 @@ def build(arch: str, out: Path, log: Callable[[str], None] = print) -> dict:
     os.environ["FLASHINFER_CUDA_ARCH_LIST"] = arch
     os.environ["FLASHINFER_WORKSPACE_BASE"] = str(work)
     os.environ["FLASHINFER_EXTRA_LDFLAGS"] = f"-L{stub}"
-    curand = missing_toolkit_headers(cuda_home, work / "include")
-    if curand is not None:
-        os.environ["FLASHINFER_EXTRA_CUDAFLAGS"] = f"-I{curand}"
-        log(f"[flashinfer_aot] cuRAND headers from {os.path.realpath(next(curand.glob('curand_kernel.h')))}")
+    extra_inc = missing_toolkit_headers(cuda_home, work / "include")
+    if extra_inc is not None:
+        os.environ["FLASHINFER_EXTRA_CUDAFLAGS"] = f"-I{extra_inc}"
+        os.environ["FLASHINFER_EXTRA_CFLAGS"] = f"-I{extra_inc}"
+        for h in sorted(extra_inc.iterdir()):
+            if h.name in {probe for probe, _ in PIP_HEADER_FAMILIES}:
+                log(f"[flashinfer_aot] {h.name} and its family from {os.path.dirname(os.path.realpath(h))}")
     import flashinfer
     import tvm_ffi
 
