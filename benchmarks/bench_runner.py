@@ -3,7 +3,8 @@
 
 One run measures four configurations with upstream's one-batch benchmark
 (`python -m sglang.benchmark.one_batch`, model built in-process, `--load-format dummy`, bf16,
-FlashInfer attention, 128-token prompts, 8 output tokens):
+FlashInfer attention, 128-token prompts, 8 output tokens; every batch size PASSES = 3 times, the
+median reported, every sample kept):
 
   disabled              graphs off in both phases
   upstream              decode `full` (ceiling 256), prefill `breakable` at 128/1024/4096 tokens
@@ -34,6 +35,7 @@ import argparse
 import json
 import os
 import re
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -58,6 +60,10 @@ TINY_QWEN3_MOE = dict(
 DECODE_BS = [1, 8, 64, 256, 512, 1024]
 PREFILL_BS = {128: 1, 1024: 8, 4096: 32}  # tokens -> batch of 128-token prompts
 INPUT_LEN, OUTPUT_LEN = 128, 8
+# one_batch measures every batch size once, after a warmup of the first size only: a size's first
+# run can include first-use compiles (2026-12-01: disabled's 1024-token prefill 1357.9 ms) and
+# prefill is one sample. PASSES runs of the whole list, reported as the median per size.
+PASSES = 3
 PREFILL_BUCKETS = ["128", "1024", "4096"]
 CONFIGS: Dict[str, List[str]] = {
     "disabled": ["--cuda-graph-backend-decode", "disabled", "--cuda-graph-backend-prefill", "disabled"],
@@ -112,7 +118,7 @@ def run_one_batch(model_dir: Path, name: str, extra: List[str], workdir: Path, t
         sys.executable, "-m", "sglang.benchmark.one_batch", "--model-path", str(model_dir),
         "--load-format", "dummy", "--attention-backend", "flashinfer",
         "--mem-fraction-static", "0.85", "--max-running-requests", "1024",
-        "--batch-size", *map(str, batch_sizes), "--input-len", str(INPUT_LEN),
+        "--batch-size", *map(str, batch_sizes * PASSES), "--input-len", str(INPUT_LEN),
         "--output-len", str(OUTPUT_LEN), "--run-name", name, "--result-filename", str(jsonl),
         "--tp-size", str(tp), *extra,
     ]
@@ -132,11 +138,7 @@ def run_one_batch(model_dir: Path, name: str, extra: List[str], workdir: Path, t
     if proc.returncode != 0:
         raise SystemExit(f"{name}: one_batch failed (rc={proc.returncode}); log: {workdir / (name + '.log')}\n{log[-3000:]}")
     rows = [json.loads(line) for line in jsonl.read_text().splitlines() if line.strip()]
-    decode = {str(r["batch_size"]): r.get("median_decode_latency") for r in rows if r["batch_size"] in DECODE_BS}
-    prefill = {
-        str(tokens): next((r["prefill_latency"] for r in rows if r["batch_size"] == bs), None)
-        for tokens, bs in PREFILL_BS.items()
-    }
+    decode, prefill, samples = summarize_rows(rows)
     capture = {"upstream_log": {}, "layerwise": {}}
     for phase, elapsed, mem in CAPTURE_RE.findall(log):
         capture["upstream_log"][phase] = {"elapsed_s": float(elapsed), "mem_gb": float(mem)}
@@ -160,8 +162,24 @@ def run_one_batch(model_dir: Path, name: str, extra: List[str], workdir: Path, t
     return {
         "command": " ".join(cmd), "wall_s": round(wall, 1), "device": device_name(),
         "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"), "decode_s": decode,
-        "prefill_s": prefill, "capture": capture, "capture_totals": totals, "host_step": host,
+        "prefill_s": prefill, "samples": samples, "capture": capture, "capture_totals": totals, "host_step": host,
     }
+
+
+def summarize_rows(rows: List[dict]):
+    """one_batch's result rows -> (decode step s per bs, prefill s per token count, samples): the
+    median over the passes; the samples keep every measurement."""
+    def med(values):
+        values = [v for v in values if v is not None]
+        return statistics.median(values) if values else None
+
+    dec = {bs: [r.get("median_decode_latency") for r in rows if r["batch_size"] == bs] for bs in DECODE_BS}
+    pre = {tokens: [r.get("prefill_latency") for r in rows if r["batch_size"] == bs] for tokens, bs in PREFILL_BS.items()}
+    decode = {str(bs): med(v) for bs, v in dec.items() if v}
+    prefill = {str(tokens): med(v) for tokens, v in pre.items()}
+    samples = {"decode_s": {str(bs): v for bs, v in dec.items() if v},
+               "prefill_s": {str(t): v for t, v in pre.items() if v}}
+    return decode, prefill, samples
 
 
 def compute_targets(runs: Dict[str, dict]) -> Dict[str, dict]:

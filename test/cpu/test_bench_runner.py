@@ -93,3 +93,14 @@ def test_graph_memory_target_compares_the_same_sizes(bench):
     same = _run({64: 21.0}, {}, _cap(0, 0, 5.0, 0.25))
     t = bench.compute_targets({"upstream": up, "layerwise_every_size": every, "layerwise_every_size_256": same})
     assert t["decode_graph_mem_layerwise_vs_full_same_sizes"] == {"value": 0.4032, "target": "<= 0.5", "met": True}
+
+
+def test_rows_of_several_passes_give_medians_and_keep_samples(bench):
+    rows = []
+    for p, (dec, pre) in enumerate([(0.070, 1.358), (0.060, 0.030), (0.062, 0.029)]):  # pass 1: first use
+        rows.append({"batch_size": 8, "median_decode_latency": dec, "prefill_latency": pre})
+        rows.append({"batch_size": 1024, "median_decode_latency": 0.1 + p, "prefill_latency": 3.0})
+    decode, prefill, samples = bench.summarize_rows(rows)
+    assert decode["8"] == 0.062 and decode["1024"] == 1.1
+    assert prefill["1024"] == 0.030 and prefill["128"] is None  # bs 1 not measured
+    assert samples["prefill_s"]["1024"] == [1.358, 0.030, 0.029] and "64" not in samples["decode_s"]
