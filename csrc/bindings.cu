@@ -78,6 +78,11 @@ int use_device(int device, DeviceInfo* info) {
 
 bool is_aligned(const void* p, int bytes) { return (reinterpret_cast<uintptr_t>(p) % bytes) == 0; }
 
+int check_w4a16_flags(int flags, const char* what) {
+  if (flags & ~kW4A16KnownFlags) return set_error(kInvalidArgument, "%s: unknown flags 0x%x", what, flags);
+  return kOk;
+}
+
 }  // namespace
 }  // namespace sm120
 
@@ -101,7 +106,7 @@ int sm120_w4a16_plan(int M, int N, int K, int sm_count, size_t workspace_bytes, 
   if (M <= 0 || N <= 0 || K <= 0 || sm_count <= 0 || out == nullptr)
     return set_error(kInvalidArgument, "w4a16_plan: bad arguments M=%d N=%d K=%d sm_count=%d", M,
                      N, K, sm_count);
-  if (flags & ~kW4A16KnownFlags) return set_error(kInvalidArgument, "w4a16_plan: unknown flags 0x%x", flags);
+  if (const int rc = check_w4a16_flags(flags, "w4a16_plan")) return rc;
   const W4A16Plan p = plan_w4a16(M, N, K, sm_count, workspace_bytes, split_target,
                                  (flags & kW4A16ClusterReduce) != 0);
   out[0] = p.m_tiles;
@@ -122,8 +127,7 @@ int sm120_w4a16_workspace_layout(int M, int N, int K, int sm_count, size_t works
   if (M <= 0 || N <= 0 || K <= 0 || sm_count <= 0 || out == nullptr)
     return set_error(kInvalidArgument, "w4a16_workspace_layout: bad arguments M=%d N=%d K=%d sm_count=%d",
                      M, N, K, sm_count);
-  if (flags & ~kW4A16KnownFlags)
-    return set_error(kInvalidArgument, "w4a16_workspace_layout: unknown flags 0x%x", flags);
+  if (const int rc = check_w4a16_flags(flags, "w4a16_workspace_layout")) return rc;
   const W4A16Plan p = plan_w4a16(M, N, K, sm_count, workspace_bytes, split_target,
                                  (flags & kW4A16ClusterReduce) != 0);
   out[0] = kW4A16TicketRegionBytes;
@@ -171,7 +175,7 @@ int sm120_gemm_w4a16(int device, const void* x, const void* qweight, const void*
   DeviceInfo info;
   int rc = use_device(device, &info);
   if (rc != kOk) return rc;
-  if (flags & ~kW4A16KnownFlags) return set_error(kInvalidArgument, "gemm_w4a16: unknown flags 0x%x", flags);
+  if ((rc = check_w4a16_flags(flags, "gemm_w4a16")) != kOk) return rc;
   const W4A16Plan plan = plan_w4a16(M, N, K, info.sm_count, workspace ? workspace_bytes : 0, split_target,
                                     (flags & kW4A16ClusterReduce) != 0);
   return launch_gemm_w4a16(x, qweight, scales, static_cast<const float*>(weight_scale_2), bias, y,

@@ -364,10 +364,7 @@ int launch_gemm_w4a16(const void* x, const void* qweight, const void* scales,
                       const float* weight_scale_2, const void* bias, void* y, int M, int N, int K,
                       void* workspace, size_t workspace_bytes, const W4A16Plan& plan, bool pdl,
                       cudaStream_t stream) {
-  const bool tickets = plan.splits > 1 && !plan.cluster;
-  if (plan.cluster && (plan.splits < 2 || plan.splits > kW4A16MaxClusterSplits))
-    return set_error(kInvalidArgument, "gemm_w4a16: a cluster-reduced plan needs 2..%d splits, got %d",
-                     kW4A16MaxClusterSplits, plan.splits);
+  const bool tickets = plan.splits > 1 && !plan.cluster;  // plan_w4a16 clusters only 2..8 splits
   if (tickets && (workspace == nullptr || plan.workspace_bytes > workspace_bytes))
     return set_error(kWorkspaceTooSmall, "gemm_w4a16: workspace of %zu bytes, plan needs %zu",
                      workspace_bytes, plan.workspace_bytes);

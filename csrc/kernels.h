@@ -67,7 +67,7 @@ struct W4A16Plan {
   bool cluster;               // split-K reduced inside a thread-block cluster (no workspace)
 };
 // Flags of sm120_gemm_w4a16 / sm120_w4a16_plan.
-enum : int { kW4A16Pdl = 1, kW4A16ClusterReduce = 2, kW4A16KnownFlags = 3 };
+enum : int { kW4A16Pdl = 1, kW4A16ClusterReduce = 2, kW4A16KnownFlags = kW4A16Pdl | kW4A16ClusterReduce };
 // The splits of one tile form one cluster: at most the portable cluster size.
 constexpr int kW4A16MaxClusterSplits = 8;
 // Split-K workspace layout, the same for EVERY plan: one int ticket per (N, M) tile in the first
