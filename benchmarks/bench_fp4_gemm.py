@@ -193,6 +193,7 @@ def bench_shape(name, n, k, ms, l2, copy_bw, marlin, reps, log):
             log(f"  marlin setup failed for {name}: {marlin_err}")
     in_s = F.input_scale_from_amax(torch.tensor(4.0)).reshape(1).cuda()
     inv = (1.0 / in_s)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
     rows = []
     for m in ms:
         x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
@@ -203,7 +204,6 @@ def bench_shape(name, n, k, ms, l2, copy_bw, marlin, reps, log):
         r["ours_pdl_us"] = time_ops([lambda p=p: K.gemm_w4a16(x, p, pdl=True) for p in pws], reps)
         # split-K reduced in a thread-block cluster (where the plan has 2..8 splits), PDL on
         r["ours_cluster_pdl_us"] = time_ops([lambda p=p: K.gemm_w4a16(x, p, pdl=True, cluster=True) for p in pws], reps)
-        sms = torch.cuda.get_device_properties(0).multi_processor_count
         r["cluster_plan"] = K.w4a16_plan(m, n, k, sms, cluster=True)["cluster"]
         # the 2026-12-01 split sweep favoured 0.5x SMs over the default 2x: measured on every row
         r["ours_half_target_pdl_us"] = time_ops(

@@ -109,19 +109,25 @@ def write_model_dir(path: Path, config: dict) -> Path:
     return path
 
 
+def one_batch_cmd(model_dir: Path, name: str, batch_sizes: List[int], jsonl: Path, tp: int,
+                  extra: List[str]) -> List[str]:
+    """upstream's one-batch benchmark on the dummy-weight model, the setup every run here shares."""
+    return [
+        sys.executable, "-m", "sglang.benchmark.one_batch", "--model-path", str(model_dir),
+        "--load-format", "dummy", "--attention-backend", "flashinfer",
+        "--mem-fraction-static", "0.85", "--max-running-requests", "1024",
+        "--batch-size", *map(str, batch_sizes), "--input-len", str(INPUT_LEN),
+        "--output-len", str(OUTPUT_LEN), "--run-name", name, "--result-filename", str(jsonl),
+        "--tp-size", str(tp), *extra,
+    ]
+
+
 def run_one_batch(model_dir: Path, name: str, extra: List[str], workdir: Path, timeout: int,
                   tp: int = 1) -> dict:
     jsonl = workdir / f"{name}.jsonl"
     jsonl.unlink(missing_ok=True)
     batch_sizes = sorted(set(DECODE_BS) | set(PREFILL_BS.values()))
-    cmd = [
-        sys.executable, "-m", "sglang.benchmark.one_batch", "--model-path", str(model_dir),
-        "--load-format", "dummy", "--attention-backend", "flashinfer",
-        "--mem-fraction-static", "0.85", "--max-running-requests", "1024",
-        "--batch-size", *map(str, batch_sizes * PASSES), "--input-len", str(INPUT_LEN),
-        "--output-len", str(OUTPUT_LEN), "--run-name", name, "--result-filename", str(jsonl),
-        "--tp-size", str(tp), *extra,
-    ]
+    cmd = one_batch_cmd(model_dir, name, batch_sizes * PASSES, jsonl, tp, extra)
     env = dict(os.environ, SGLANG_SM120_LAYERWISE_TIMING="1")
     print(f"[bench_runner] {name}: {' '.join(cmd)}", flush=True)
     t0 = time.time()
@@ -309,12 +315,9 @@ def profile_eager_moe(workdir: Path, results: Path, limit_s: int, tp: int = 1, b
     model = write_model_dir(workdir / "qwen3-30b-a3b-shapes", QWEN3_30B_A3B)
     results.mkdir(parents=True, exist_ok=True)
     prof = results / "runner-eager-moe-profile.txt"
-    cmd = [sys.executable, "-m", "sglang.benchmark.one_batch", "--model-path", str(model), "--load-format", "dummy",
-           "--attention-backend", "flashinfer", "--mem-fraction-static", "0.85", "--batch-size", str(batch),
-           "--input-len", str(INPUT_LEN), "--output-len", str(OUTPUT_LEN), "--tp-size", str(tp),
-           "--cuda-graph-backend-decode", "layerwise", "--cuda-graph-layerwise-every-size",
-           "--cuda-graph-backend-prefill", "disabled", "--run-name", "profile",
-           "--result-filename", str(workdir / "profile.jsonl")]
+    cmd = one_batch_cmd(model, "profile", [batch], workdir / "profile.jsonl", tp, [
+        "--cuda-graph-backend-decode", "layerwise", "--cuda-graph-layerwise-every-size",
+        "--cuda-graph-backend-prefill", "disabled"])
     env = dict(os.environ, SGLANG_SM120_LAYERWISE_TIMING="1", SGLANG_SM120_LAYERWISE_PROFILE=str(prof))
     print(f"[bench_runner] eager MoE profile: {' '.join(cmd)}", flush=True)
     log = workdir / "profile.log"
