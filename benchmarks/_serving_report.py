@@ -132,8 +132,9 @@ def render_md(doc: dict) -> str:
                 lines.append(f"| {name} | {conc} | - | failed: {c['error'][:80]} | | | | |")
                 continue
             done = f"{c['completed']}/{c['num_prompts']}"
+            label = f"{name} (measured as {c['measured_as']})" if c.get("measured_as") else name
             lines.append(
-                f"| {name} | {conc} | {done} | {_fmt(c['output_throughput'])} | {_fmt(c['total_throughput'])} | "
+                f"| {label} | {conc} | {done} | {_fmt(c['output_throughput'])} | {_fmt(c['total_throughput'])} | "
                 f"{_fmt(c['median_ttft_ms'])} / {_fmt(c['p99_ttft_ms'])} | "
                 f"{_fmt(c['median_itl_ms'], 2)} / {_fmt(c['p99_itl_ms'], 2)} | {_power(c)} |")
     lines += ["", "## Targets", "", "| target | value | threshold | met |", "|---|---|---|---|"]
@@ -145,7 +146,7 @@ def render_md(doc: dict) -> str:
     for name in configs:
         s = doc["runs"][name].get("server", {})
         lines.append(f"| {name} | {_fmt(s.get('ready_s'), 0)} | `{' '.join(s.get('flags', []))}` | "
-                     f"{s.get('error', '')[:120] or _resolved(s.get('facts', {}))} |")
+                     f"{s.get('error', '')[:120] or s.get('note') or _resolved(s.get('facts', {}))} |")
     lines += ["", "Reproduce: see docs/serving-bench.md. Invocations:", ""]
     lines += [f"- `{inv['command']}` ({inv.get('when')})" for inv in doc.get("invocations", [])]
     return "\n".join(lines) + "\n"

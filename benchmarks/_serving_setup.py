@@ -7,6 +7,7 @@ process group, /health wait, SIGTERM then kill of the group).
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -30,6 +31,18 @@ CONFIGS: Dict[str, List[str]] = {
     "layerwise": ["--cuda-graph-backend-decode", "layerwise", "--cuda-graph-backend-prefill", "layerwise"],
 }
 # /server_info keys worth keeping with each result (resolved graph config, pool size, limits).
+# ServerArgs fields that only feed the resolved cuda_graph_config: nothing under sglang/srt reads
+# them once server_args.py has folded them in (a CPU test checks that on the installed upstream).
+# Two configurations that differ only there launch the same server.
+INPUT_ONLY_FIELDS = ("cuda_graph_max_bs_decode",)
+# Run in a child process with the server's environment, so the GPU (memory, compute capability)
+# decides the defaults exactly as it does for launch_server.
+_RESOLVE = """
+import dataclasses, json, sys
+from sglang.srt.server_args import prepare_server_args
+args = prepare_server_args(sys.argv[1:])
+print("RESOLVED " + json.dumps(dataclasses.asdict(args), default=repr, sort_keys=True))
+"""
 SERVER_FACTS = ("version", "cuda_graph_config", "cuda_graph_max_bs_decode", "max_running_requests",
                 "chunked_prefill_size", "mem_fraction_static", "max_total_num_tokens",
                 "max_req_input_len", "context_length", "attention_backend", "disable_radix_cache")
@@ -86,6 +99,25 @@ def start_server(name: str, model_dir: str, flags: List[str], log_dir: Path,
         raise
     log(f"[server] {name}: ready in {secs:.0f}s at {srv.url}")
     return srv
+
+
+def resolve_server_args(model_dir: str, flags: List[str], timeout: float = 300) -> dict:
+    """ServerArgs as launch_server would resolve them (defaults filled in for this GPU), minus
+    INPUT_ONLY_FIELDS. Raises RuntimeError when they cannot be resolved."""
+    cmd = [sys.executable, "-c", _RESOLVE, "--model-path", model_dir, *flags]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise RuntimeError(f"resolving server args took over {timeout:.0f}s") from None
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESOLVED ")]
+    if proc.returncode != 0 or not lines:
+        raise RuntimeError(f"resolving server args failed (exit {proc.returncode}): {proc.stderr[-400:]}")
+    resolved = json.loads(lines[-1][len("RESOLVED "):])
+    return {k: v for k, v in resolved.items() if k not in INPUT_ONLY_FIELDS}
+
+
+def fingerprint(resolved: dict) -> str:
+    return hashlib.sha256(json.dumps(resolved, sort_keys=True).encode()).hexdigest()
 
 
 def server_facts(url: str) -> dict:

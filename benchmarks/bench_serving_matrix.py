@@ -28,6 +28,7 @@ See docs/serving-bench.md.
 from __future__ import annotations
 
 import argparse
+import copy
 import os
 import shlex
 import shutil
@@ -42,6 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _results  # noqa: E402
 import _serving_report as report  # noqa: E402
 import _serving_setup as setup  # noqa: E402
+import soak  # noqa: E402
 from _gpu_sampler import GpuSampler, device_name  # noqa: E402
 
 INPUT_LEN = OUTPUT_LEN = 256
@@ -139,12 +141,23 @@ def measure(a, doc: dict, out: Path) -> None:
     doc.setdefault("invocations", []).append({"command": " ".join([os.path.basename(sys.executable), *sys.argv]),
                                               "when": _results.utc_now(), "commit": _results.commit()})
     doc.update(commit=_results.commit(), device=device_name())
+    fingerprints = resolve_configs(a) if a.dedupe and len(a.configs) > 1 else {}
+    measured_here = {}  # fingerprint -> the configuration measured with it in this invocation
     for name in a.configs:
         if a.time_budget and time.time() - t_start > a.time_budget:
             print(f"[bench] time budget ({a.time_budget}s) spent: skipping {name}", flush=True)
             continue
-        flags = setup.common_flags(a.mem_fraction_static) + setup.CONFIGS[name] + shlex.split(a.server_args)
+        flags = config_flags(a, name)
+        fp = fingerprints.get(name)
+        if fp in measured_here:
+            alias_run(doc, name, measured_here[fp], flags, fp)
+            save(doc, out, a.copy_to)
+            continue
+        if fp:
+            measured_here[fp] = name
         run = doc["runs"].setdefault(name, {"cells": {}})
+        if fp:
+            run["resolved_args_sha256"] = fp
         try:
             srv = setup.start_server(name, a.model_dir, flags, workdir, a.startup_timeout)
         except setup.harness.ServerError as e:
@@ -177,6 +190,8 @@ def measure(a, doc: dict, out: Path) -> None:
                     save(doc, out, a.copy_to)
                     break
                 save(doc, out, a.copy_to)
+            if a.then_soak and name == "layerwise":
+                soak_this_server(a, srv, model, flags)
         finally:
             shut = srv.stop()
             run.setdefault("server", {"flags": flags})["shutdown"] = {"clean": shut.clean, "seconds": round(shut.seconds, 1)}
@@ -184,6 +199,51 @@ def measure(a, doc: dict, out: Path) -> None:
                 tail = setup.harness.log_tail(srv.log_path, 400)
                 Path(a.copy_to, f"{out.stem}-{name}.server.log").write_text(tail)
             save(doc, out, a.copy_to)
+
+
+def config_flags(a, name: str) -> List[str]:
+    flags = setup.common_flags(a.mem_fraction_static) + setup.CONFIGS[name] + shlex.split(a.server_args)
+    if a.then_soak and name == "layerwise":
+        flags.append("--reject-unknown-model")  # the soak's unknown-model cases want a 404 (soak.py)
+    return flags
+
+
+def resolve_configs(a) -> dict:
+    """{config: fingerprint of its resolved ServerArgs} for the configurations that resolved."""
+    out = {}
+    for name in a.configs:
+        try:
+            out[name] = setup.fingerprint(setup.resolve_server_args(a.model_dir, config_flags(a, name)))
+        except RuntimeError as e:
+            print(f"[bench] {name}: {e}; it gets its own server", flush=True)
+    return out
+
+
+def alias_run(doc: dict, name: str, same_as: str, flags: List[str], fp: str) -> None:
+    """`name` resolves to exactly the server arguments of `same_as`, measured just before in this
+    invocation: launching it again would start the same server, so its cells are that server's."""
+    src = doc["runs"][same_as]
+    print(f"[bench] {name}: its flags resolve to the same server arguments as {same_as} (sha256 {fp[:12]}); "
+          f"reporting {same_as}'s measurements for it instead of starting the same server again", flush=True)
+    doc["runs"][name] = {
+        "same_server_as": same_as, "resolved_args_sha256": fp,
+        "server": {"flags": flags, "note": f"not started: ServerArgs resolve identically to {same_as}'s "
+                   f"(differences only in {', '.join(setup.INPUT_ONLY_FIELDS)}, --served-model-name and --port)"},
+        "cells": {c: {**v, "measured_as": same_as} for c, v in copy.deepcopy(src.get("cells", {})).items()}}
+
+
+def soak_this_server(a, srv, model: dict, flags: List[str]) -> None:
+    """The soak (benchmarks/soak.py) on the layerwise server once its cells are measured: one
+    server start fewer on the GPU host. Writes soak-TAG.json."""
+    sa = soak.parse_args(["--tag", a.tag, "--minutes", str(a.then_soak), "--results-dir", a.results_dir,
+                          "--model-dir", a.model_dir, "--drain-timeout", str(a.soak_drain_timeout)]
+                         + (["--copy-to", a.copy_to] if a.copy_to else []))
+    doc = soak.new_doc(sa, model, "layerwise", flags)
+    doc["server"]["shared_with"] = f"serving-{a.tag}.json's layerwise server, after its cells were measured"
+    try:
+        soak.run_soak(sa, srv, model, doc)
+    finally:
+        soak.finish(sa, doc)
 
 
 def check_same_setup(doc: dict, a, model: dict) -> None:
@@ -240,6 +300,13 @@ def parse_args(argv=None) -> argparse.Namespace:
                     help="skip the unrecorded warm-up run at the highest concurrency before measuring")
     ap.add_argument("--time-budget", type=float, default=None,
                     help="start no new measurement after this many seconds (fit a command limit)")
+    ap.add_argument("--no-dedupe", dest="dedupe", action="store_false",
+                    help="start every configuration's server even when two resolve to the same ServerArgs "
+                         "(by default the second reports the first's measurements, marked so)")
+    ap.add_argument("--then-soak", type=float, default=0, metavar="MINUTES",
+                    help="after the layerwise cells, soak that same server for MINUTES (benchmarks/soak.py, "
+                         "writes soak-TAG.json); its server then also gets --reject-unknown-model")
+    ap.add_argument("--soak-drain-timeout", type=float, default=300.0)
     ap.add_argument("--results-dir", default=str(_results.RESULTS))
     ap.add_argument("--workdir", default=None, help="logs and raw JSONL (default: a temp dir)")
     ap.add_argument("--copy-to", default=None, help="also copy the results (and server log tails) here after every save")
@@ -252,6 +319,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     for opt in ("input_len", "output_len", "waves"):
         if getattr(a, opt) < 1:
             ap.error(f"--{opt.replace('_', '-')}: must be >= 1, got {getattr(a, opt)}")
+    if a.then_soak < 0 or (a.then_soak and "layerwise" not in a.configs):
+        ap.error("--then-soak: needs minutes > 0 and the layerwise configuration in --configs")
     if not 0 < a.mem_fraction_static < 1:
         ap.error(f"--mem-fraction-static: must be in (0, 1), got {a.mem_fraction_static}")
     if a.model_dir is None:

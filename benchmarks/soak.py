@@ -110,23 +110,26 @@ async def _send(session, url: str, req: Request, tally: Tally) -> None:
     tally.record(req, v.ok, v.why, time.monotonic() - t0, v.completion_tokens)
 
 
-async def _progress(tally: Tally, every: float, t0: float) -> None:
+async def _progress(tally: Tally, every: float, t0: float, on_tick=None) -> None:
     while True:
         await asyncio.sleep(every)
         done, ok = sum(tally.sent.values()), sum(tally.ok.values())
         print(f"[soak] {time.monotonic() - t0:.0f}s: {done} answered ({done - ok} failed), "
               f"{len(tally.inflight)} in flight", flush=True)
+        if on_tick:
+            on_tick()
 
 
 async def run_load(url: str, plan_next, concurrency: int, seconds: float, drain_timeout: float,
-                   tally: Tally, fixed: Optional[List[Request]] = None, progress_s: float = 0) -> float:
+                   tally: Tally, fixed: Optional[List[Request]] = None, progress_s: float = 0,
+                   on_tick=None) -> float:
     """CONCURRENCY loops sending plan_next() back to back until `seconds` have passed (or, with
     `fixed`, each sending its share of those requests once). Returns the drain time."""
     import aiohttp
 
     loop = asyncio.get_running_loop()
     deadline = loop.time() + seconds
-    ticker = asyncio.create_task(_progress(tally, progress_s, time.monotonic())) if progress_s else None
+    ticker = asyncio.create_task(_progress(tally, progress_s, time.monotonic(), on_tick)) if progress_s else None
     timeout = aiohttp.ClientTimeout(total=seconds + drain_timeout + 60)
     async with aiohttp.ClientSession(timeout=timeout,
                                      connector=aiohttp.TCPConnector(limit=concurrency + 8)) as session:
@@ -209,91 +212,135 @@ def parse_args(argv=None) -> argparse.Namespace:
     return a
 
 
-def main(argv=None) -> int:
-    a = parse_args(argv)
-    setup.offline_env()
-    workdir = Path(a.workdir or tempfile.mkdtemp(prefix="soak_"))
-    out = Path(a.results_dir) / f"soak-{a.tag}.json"
-    model = setup.prepare_model(a.model_dir, a.layers)
+TARGET_NAMES = ("server_crashes", "malformed_answered_4xx_with_message", "wellformed_completed",
+                "gpu_memory_drift_pct")
+
+
+def soak_flags(a) -> List[str]:
     # --reject-unknown-model (patch 0401): the soak's unknown-model cases must get a 404, which
     # upstream never sends (it serves any `model`).
     flags = (setup.common_flags(a.mem_fraction_static, a.concurrency) + setup.CONFIGS[a.config]
              + ["--reject-unknown-model"] + shlex.split(a.server_args))
     if a.context_length:
         flags += ["--context-length", str(a.context_length)]
-    doc = {"tag": a.tag, "commit": _results.commit(), "command": " ".join([os.path.basename(sys.executable), *sys.argv]),
-           "model": model, "server": {"config": a.config, "flags": flags}}
+    return flags
+
+
+def new_doc(a, model: dict, config: str, flags: List[str]) -> dict:
+    return {"tag": a.tag, "commit": _results.commit(), "command": " ".join([os.path.basename(sys.executable), *sys.argv]),
+            "model": model, "server": {"config": config, "flags": flags}}
+
+
+def _out(a) -> Path:
+    return Path(a.results_dir) / f"soak-{a.tag}.json"
+
+
+def _save(a, doc: dict) -> None:
+    _results.save(_out(a), doc)
+    if a.copy_to:
+        os.makedirs(a.copy_to, exist_ok=True)
+        shutil.copy(_out(a), a.copy_to)
+
+
+def _save_progress(a, doc: dict, tally: Tally, t0: float) -> None:
+    """Every progress tick: what the soak has seen so far, so a run cut off (host time limit,
+    device budget) still returns its figures. Targets stay unmet until the soak has finished."""
+    doc["partial"] = {"elapsed_s": round(time.time() - t0, 1), "of_s": a.minutes * 60,
+                      "wellformed": tally.summary(False), "malformed": tally.summary(True),
+                      "connection_errors": tally.connection_errors}
+    doc["targets"] = {k: _results.target(None, "soak not finished", bool) for k in TARGET_NAMES}
+    _save(a, doc)
+
+
+def run_soak(a, srv, model: dict, doc: dict) -> None:
+    """Warm-up burst, memory reading, the load, drain, memory again, the post-soak checks; into doc."""
+    facts = setup.server_facts(srv.url)
+    doc["server"]["facts"] = facts
+    ctx = a.context_length or facts.get("context_length") or model["spec"]["max_position"]
+    plan = RequestPlan(a.seed, ctx, model["tokenizer_vocab"], a.config, a.malformed_share,
+                       max_input_len=facts.get("max_req_input_len"))
+    mem_ready = _memory_mib()
+    warm = Tally()
+    burst = [plan.wellformed("generate", plan.limit - 64, 8)] + \
+            [plan.wellformed("generate", 16, 8) for _ in range(a.concurrency)]
+    print(f"[soak] warm-up: 1 x {plan.limit - 64} + {a.concurrency} x 16 tokens", flush=True)
+    asyncio.run(run_load(srv.url, None, a.concurrency, 0, a.drain_timeout, warm, fixed=burst))
+    time.sleep(3)
+    mem_before = _memory_mib()
+    tally = Tally()
+    print(f"[soak] {a.minutes} min at concurrency {a.concurrency}, context {ctx}, "
+          f"{a.malformed_share:.0%} malformed", flush=True)
+    t0 = time.time()
+    with GpuSampler(interval_s=5.0) as gpu:
+        drain = asyncio.run(run_load(srv.url, plan.next, a.concurrency, a.minutes * 60, a.drain_timeout,
+                                     tally, progress_s=30, on_tick=lambda: _save_progress(a, doc, tally, t0)))
+    elapsed = time.time() - t0
+    time.sleep(5)
+    mem_after = _memory_mib()
+    after = Tally()
+    asyncio.run(run_load(srv.url, None, 1, 0, 120, after, fixed=[plan.wellformed("generate", 32, 8)]))
+    drift = _results.ratio(abs(mem_after - mem_before) * 100, mem_before, 3) if mem_before and mem_after else None
+    doc.pop("partial", None)
+    doc.update({
+        "soak": {"minutes": a.minutes, "elapsed_s": round(elapsed, 1), "drain_s": round(drain, 1),
+                 "concurrency": a.concurrency, "malformed_share": a.malformed_share, "seed": a.seed,
+                 "context_len": ctx, "max_prompt_len": plan.limit,
+                 "prompt_len": _dist(tally.prompt_lens, 0), "max_tokens": _dist(tally.output_lens, 0),
+                 "completion_tokens": tally.completion_tokens, "connection_errors": tally.connection_errors},
+        "warmup": {"sent": sum(warm.sent.values()), "ok": sum(warm.ok.values()),
+                   "failures": dict(warm.examples)},
+        "wellformed": {**tally.summary(False), "latency_s": _dist(tally.latency_s)},
+        "malformed": tally.summary(True),
+        "memory_mib": {"ready": mem_ready, "before": mem_before, "after": mem_after, "drift_pct": drift,
+                       "drift_vs_ready_pct": _results.ratio(abs(mem_after - mem_ready) * 100, mem_ready, 3)
+                       if mem_ready and mem_after else None},
+        "gpu": gpu.summary,
+        "server_alive_after": srv.alive(), "health_after": _health(srv.url),
+        "request_after_ok": sum(after.ok.values()) == 1,
+    })
+
+
+def finish(a, doc: dict) -> None:
+    """Targets, save, print. A soak that did not finish keeps its partial figures and unmet targets."""
+    doc["device"] = device_name()
+    doc["generated"] = _results.utc_now()
+    if "soak" in doc:
+        doc["targets"] = compute_targets(doc)
+    else:
+        doc["targets"] = {k: _results.target(None, "soak did not finish", bool) for k in TARGET_NAMES}
+    _save(a, doc)
+    print(f"[soak] wrote {_out(a)}")
+    for k, v in doc["targets"].items():
+        print(f"  {k}: {v['value']} (target {v['target']}) {'met' if v['met'] else 'NOT met'}")
+    if "malformed" in doc:
+        print(json.dumps({"malformed": doc["malformed"]["by_kind"]}, indent=1)[:3000])
+
+
+def main(argv=None) -> int:
+    a = parse_args(argv)
+    setup.offline_env()
+    workdir = Path(a.workdir or tempfile.mkdtemp(prefix="soak_"))
+    model = setup.prepare_model(a.model_dir, a.layers)
+    flags = soak_flags(a)
+    doc = new_doc(a, model, a.config, flags)
     try:
         srv = setup.start_server(a.config, a.model_dir, flags, workdir, a.startup_timeout)
     except setup.harness.ServerError as e:
         doc["server"]["error"] = str(e)[-3000:]
-        doc["targets"] = {k: _results.target(None, "server must start", bool) for k in (
-            "server_crashes", "malformed_answered_4xx_with_message", "wellformed_completed", "gpu_memory_drift_pct")}
-        _results.save(out, doc)
-        raise SystemExit(f"[soak] the server did not start; wrote {out}\n{e}")
+        doc["targets"] = {k: _results.target(None, "server must start", bool) for k in TARGET_NAMES}
+        _results.save(_out(a), doc)
+        raise SystemExit(f"[soak] the server did not start; wrote {_out(a)}\n{e}")
     doc["server"]["ready_s"] = round(srv.ready_seconds, 1)
     try:
-        facts = setup.server_facts(srv.url)
-        doc["server"]["facts"] = facts
-        ctx = a.context_length or facts.get("context_length") or model["spec"]["max_position"]
-        plan = RequestPlan(a.seed, ctx, model["tokenizer_vocab"], a.config, a.malformed_share,
-                           max_input_len=facts.get("max_req_input_len"))
-        mem_ready = _memory_mib()
-        warm = Tally()
-        burst = [plan.wellformed("generate", plan.limit - 64, 8)] + \
-                [plan.wellformed("generate", 16, 8) for _ in range(a.concurrency)]
-        print(f"[soak] warm-up: 1 x {plan.limit - 64} + {a.concurrency} x 16 tokens", flush=True)
-        asyncio.run(run_load(srv.url, None, a.concurrency, 0, a.drain_timeout, warm, fixed=burst))
-        time.sleep(3)
-        mem_before = _memory_mib()
-        tally = Tally()
-        print(f"[soak] {a.minutes} min at concurrency {a.concurrency}, context {ctx}, "
-              f"{a.malformed_share:.0%} malformed", flush=True)
-        t0 = time.time()
-        with GpuSampler(interval_s=5.0) as gpu:
-            drain = asyncio.run(run_load(srv.url, plan.next, a.concurrency, a.minutes * 60, a.drain_timeout,
-                                         tally, progress_s=30))
-        elapsed = time.time() - t0
-        time.sleep(5)
-        mem_after = _memory_mib()
-        after = Tally()
-        asyncio.run(run_load(srv.url, None, 1, 0, 120, after, fixed=[plan.wellformed("generate", 32, 8)]))
-        drift = _results.ratio(abs(mem_after - mem_before) * 100, mem_before, 3) if mem_before and mem_after else None
-        doc.update({
-            "soak": {"minutes": a.minutes, "elapsed_s": round(elapsed, 1), "drain_s": round(drain, 1),
-                     "concurrency": a.concurrency, "malformed_share": a.malformed_share, "seed": a.seed,
-                     "context_len": ctx, "max_prompt_len": plan.limit,
-                     "prompt_len": _dist(tally.prompt_lens, 0), "max_tokens": _dist(tally.output_lens, 0),
-                     "completion_tokens": tally.completion_tokens, "connection_errors": tally.connection_errors},
-            "warmup": {"sent": sum(warm.sent.values()), "ok": sum(warm.ok.values()),
-                       "failures": dict(warm.examples)},
-            "wellformed": {**tally.summary(False), "latency_s": _dist(tally.latency_s)},
-            "malformed": tally.summary(True),
-            "memory_mib": {"ready": mem_ready, "before": mem_before, "after": mem_after, "drift_pct": drift,
-                           "drift_vs_ready_pct": _results.ratio(abs(mem_after - mem_ready) * 100, mem_ready, 3)
-                           if mem_ready and mem_after else None},
-            "gpu": gpu.summary,
-            "server_alive_after": srv.alive(), "health_after": _health(srv.url),
-            "request_after_ok": sum(after.ok.values()) == 1,
-        })
+        run_soak(a, srv, model, doc)
     finally:
         shut = srv.stop()
         doc["server"]["shutdown"] = {"clean": shut.clean, "seconds": round(shut.seconds, 1), "killed": shut.killed}
         if a.copy_to:
             os.makedirs(a.copy_to, exist_ok=True)
             Path(a.copy_to, f"soak-{a.tag}.server.log").write_text(setup.harness.log_tail(srv.log_path, 400))
-    doc["device"] = device_name()
-    doc["generated"] = _results.utc_now()
-    doc["targets"] = compute_targets(doc)
-    _results.save(out, doc)
-    if a.copy_to:
-        shutil.copy(out, a.copy_to)
-    print(f"[soak] wrote {out}")
-    for k, v in doc["targets"].items():
-        print(f"  {k}: {v['value']} (target {v['target']}) {'met' if v['met'] else 'NOT met'}")
-    print(json.dumps({"malformed": doc["malformed"]["by_kind"]}, indent=1)[:3000])
+        finish(a, doc)
     return 0
-
 
 
 if __name__ == "__main__":

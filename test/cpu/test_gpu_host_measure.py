@@ -46,3 +46,10 @@ def test_serving_steps_run_only_when_named(tmp_path):
     proc, calls = run(default)  # no steps named: the default list, without the serving session
     assert proc.returncode == 0 and len(calls) == 6
     assert not {c.split()[0] for c in calls} & {"benchmarks/bench_serving_matrix.py", "benchmarks/soak.py"}
+
+
+def test_serving_soak_step_soaks_the_matrix_layerwise_server(tmp_path):
+    proc, calls = run(tmp_path, "serving-soak")
+    assert proc.returncode == 0, proc.stdout
+    assert len(calls) == 1 and calls[0].startswith("benchmarks/bench_serving_matrix.py")
+    assert "--then-soak 10" in calls[0] and "--copy-to " + str(tmp_path / "res" / "serving-copy") in calls[0]

@@ -19,6 +19,9 @@
 #   serving      bench_serving_matrix.py, the three configurations on the NVFP4 Qwen3-30B-shaped
 #                checkpoint (built on the host first, ~1 min)                                   1800
 #   soak         soak.py, 10 minutes at concurrency 1024 with 2% malformed requests              1200
+#   serving-soak both on fewer server starts: bench_serving_matrix.py --then-soak 10 soaks the
+#                layerwise server after its cells (and a configuration whose flags resolve to
+#                another's ServerArgs reports that server's cells instead of starting it again)  2700
 # Needs the fork importable (PYTHONPATH=/tmp/site:python on the H200 host) and, for fp4, the
 # kernel library built (kernels_check.sh does it; SGLANG_SM120_KERNEL_LIB points at it).
 # Every step's log is RESULTS/<step>.log; the queue's own lines go to stdout with timestamps.
@@ -30,7 +33,7 @@ cd "$(dirname "$0")/../.."
 RES=$(mkdir -p "$1" && cd "$1" && pwd); shift
 STEPS=("$@")
 [ ${#STEPS[@]} -gt 0 ] || STEPS=(fp4 runner moe-profile traps correctness eager-warmup)
-KNOWN="fp4 runner moe-profile traps correctness eager-warmup serving soak"
+KNOWN="fp4 runner moe-profile traps correctness eager-warmup serving soak serving-soak"
 for s in "${STEPS[@]}"; do  # all checked before the first one starts
   case " $KNOWN " in *" $s "*) ;; *) echo "measure_all.sh: unknown step $s ($KNOWN)"; exit 2 ;; esac
 done
@@ -71,6 +74,9 @@ for s in "${STEPS[@]}"; do
     serving)
       step serving 1800 "$PY" benchmarks/bench_serving_matrix.py --tag h200 --results-dir "$RES" \
         --workdir "$RES/serving-work" --copy-to "$RES/serving-copy" ;;
+    serving-soak)
+      step serving-soak 2700 "$PY" benchmarks/bench_serving_matrix.py --tag h200 --then-soak 10 \
+        --results-dir "$RES" --workdir "$RES/serving-work" --copy-to "$RES/serving-copy" ;;
     soak)
       step soak 1200 "$PY" benchmarks/soak.py --tag h200 --minutes 10 --results-dir "$RES" \
         --copy-to "$RES/soak-copy" ;;
