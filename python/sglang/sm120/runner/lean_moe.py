@@ -36,9 +36,11 @@ def lean_moe_requested() -> bool:
 def _upstream():
     """Upstream's modules whose attributes are the kernel entry points both paths call (looked
     up at bind time, so a test's stand-ins are seen by both)."""
-    from sglang.srt.layers.moe.moe_runner.triton_utils import fused_moe as fm
-    from sglang.srt.layers.moe.moe_runner.triton_utils import moe_align_block_size as mab
+    import importlib
 
+    # importlib: the package re-exports a function under the align module's own name.
+    fm = importlib.import_module("sglang.srt.layers.moe.moe_runner.triton_utils.fused_moe")
+    mab = importlib.import_module("sglang.srt.layers.moe.moe_runner.triton_utils.moe_align_block_size")
     return fm, mab
 
 
