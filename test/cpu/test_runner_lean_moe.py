@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import logging
+import os
 from types import SimpleNamespace
 
 import pytest
@@ -21,6 +22,13 @@ import torch
 import torch.nn.functional as F
 
 pytest.importorskip("sglang.srt.layers.moe.fused_moe_triton.layer")
+try:
+    from sglang.sm120.runner import lean_moe
+except ImportError:  # an installed fork that predates it shadows the checkout
+    if os.environ.get("SGLANG_SM120_REQUIRE_INSTALLED") == "1":
+        raise
+    pytest.skip("the installed sglang.sm120 has no runner.lean_moe: build + install the checkout "
+                "(tools/run_tests.sh) or put a tree with it first on PYTHONPATH", allow_module_level=True)
 
 from sglang.sm120.runner import lean_moe  # noqa: E402
 from sglang.sm120.runner.boundary import StagingArena  # noqa: E402
