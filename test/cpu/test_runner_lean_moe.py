@@ -180,15 +180,16 @@ def kernels(monkeypatch):
 # ------------------------------------------------------------------------------------------------
 # a real FusedMoE on the unquantized Triton path, assembled by hand
 # ------------------------------------------------------------------------------------------------
-def make_layer(E=6, H=32, inter=16, topk=2, activation="silu", rsf=None, inplace=True, seed=0):
+def make_layer(E=6, H=32, inter=16, topk=2, activation="silu", rsf=None, inplace=True, seed=0,
+               device="cpu"):
     g = torch.Generator().manual_seed(seed)
     layer = FusedMoE.__new__(FusedMoE)
     torch.nn.Module.__init__(layer)
     dt = torch.bfloat16
     layer.w13_weight = torch.nn.Parameter(
-        (torch.randn(E, 2 * inter, H, generator=g) * 0.2).to(dt), requires_grad=False)
+        (torch.randn(E, 2 * inter, H, generator=g) * 0.2).to(device, dt), requires_grad=False)
     layer.w2_weight = torch.nn.Parameter(
-        (torch.randn(E, H, inter, generator=g) * 0.2).to(dt), requires_grad=False)
+        (torch.randn(E, H, inter, generator=g) * 0.2).to(device, dt), requires_grad=False)
     cfg = MoeRunnerConfig(num_experts=E, num_local_experts=E, hidden_size=H,
                           intermediate_size_per_partition=inter, top_k=topk, params_dtype=dt,
                           activation=activation, routed_scaling_factor=rsf, inplace=inplace)
@@ -217,9 +218,10 @@ def make_layer(E=6, H=32, inter=16, topk=2, activation="silu", rsf=None, inplace
 def make_inputs(layer, rows, seed=1):
     g = torch.Generator().manual_seed(seed)
     E, _, H = layer.w13_weight.shape
+    dev = layer.w13_weight.device
     topk = layer.moe_runner_config.top_k
-    h = (torch.randn(rows, H, generator=g)).to(torch.bfloat16)
-    logits = torch.randn(rows, E, generator=g)
+    h = (torch.randn(rows, H, generator=g)).to(dev, torch.bfloat16)
+    logits = torch.randn(rows, E, generator=g).to(dev)
     w, ids = torch.topk(torch.softmax(logits, -1), topk, dim=-1)
     return h, StandardTopKOutput(w.contiguous(), ids.to(torch.int32).contiguous(), logits)
 
