@@ -84,7 +84,15 @@ CONFIGS: Dict[str, List[str]] = {
         "--cuda-graph-backend-decode", "layerwise", "--cuda-graph-layerwise-every-size",
         "--cuda-graph-max-bs", "256", "--cuda-graph-backend-prefill", "disabled",
     ],
+    # every decode size layerwise with the lean eager MoE (CONFIG_ENV): its host time per layer
+    # against layerwise_every_size's, at the same sizes, bs 1 included
+    "layerwise_every_size_lean": [
+        "--cuda-graph-backend-decode", "layerwise", "--cuda-graph-layerwise-every-size",
+        "--cuda-graph-backend-prefill", "disabled",
+    ],
 }
+# environment a configuration adds to its one_batch process
+CONFIG_ENV: Dict[str, Dict[str, str]] = {"layerwise_every_size_lean": {"SGLANG_SM120_LEAN_MOE": "1"}}
 CAPTURE_RE = re.compile(
     r"Capture (?:target )?(prefill|decode) CUDA graph end\. elapsed=([\d.]+) s, mem usage=([\d.]+) GB"
 )
@@ -128,8 +136,9 @@ def run_one_batch(model_dir: Path, name: str, extra: List[str], workdir: Path, t
     jsonl.unlink(missing_ok=True)
     batch_sizes = sorted(set(DECODE_BS) | set(PREFILL_BS.values()))
     cmd = one_batch_cmd(model_dir, name, batch_sizes * PASSES, jsonl, tp, extra)
-    env = dict(os.environ, SGLANG_SM120_LAYERWISE_TIMING="1")
-    print(f"[bench_runner] {name}: {' '.join(cmd)}", flush=True)
+    env = dict(os.environ, SGLANG_SM120_LAYERWISE_TIMING="1", **CONFIG_ENV.get(name, {}))
+    print(f"[bench_runner] {name}: {' '.join(f'{k}={v}' for k, v in CONFIG_ENV.get(name, {}).items())}"
+          f" {' '.join(cmd)}", flush=True)
     t0 = time.time()
     log_path = workdir / f"{name}.log"
     # Streamed to the file (not captured) so a run stopped at its limit leaves its log behind.
@@ -200,6 +209,11 @@ def compute_targets(runs: Dict[str, dict]) -> Dict[str, dict]:
         us = [s["step_host_us"] for s in lw["host_step"].get("decode", []) if s["size"] >= 512]
         worst = max(us) if us else None
         t["eager_moe_host_us_per_layer_bs512_1024"] = _target(worst, "<= 100", lambda v: v <= 100)
+    lean = runs.get("layerwise_every_size_lean")
+    if lean:
+        us = [s["step_host_us"] for s in lean["host_step"].get("decode", [])]
+        worst = max(us) if us else None
+        t["lean_eager_moe_host_us_per_layer_all_sizes"] = _target(worst, "<= 100", lambda v: v <= 100)
     if every and up:
         for bs in ("64", "256"):
             r = ratio(every["decode_s"].get(bs), up["decode_s"].get(bs))

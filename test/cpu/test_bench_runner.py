@@ -104,3 +104,20 @@ def test_rows_of_several_passes_give_medians_and_keep_samples(bench):
     assert decode["8"] == 0.062 and decode["1024"] == 1.1
     assert prefill["1024"] == 0.030 and prefill["128"] is None  # bs 1 not measured
     assert samples["prefill_s"]["1024"] == [1.358, 0.030, 0.029] and "64" not in samples["decode_s"]
+
+
+def test_lean_configuration_sets_its_env_and_has_a_host_time_target(bench, tmp_path, monkeypatch):
+    seen = {}
+
+    def fake_subprocess_run(cmd, env=None, **kw):
+        seen.update(env)
+        raise bench.subprocess.TimeoutExpired(cmd, 1)
+
+    monkeypatch.setattr(bench.subprocess, "run", fake_subprocess_run)
+    with pytest.raises(SystemExit):
+        bench.run_one_batch(tmp_path, "layerwise_every_size_lean", bench.CONFIGS["layerwise_every_size_lean"],
+                            tmp_path, 1)
+    assert seen["SGLANG_SM120_LEAN_MOE"] == "1" and seen["SGLANG_SM120_LAYERWISE_TIMING"] == "1"
+    lean = {"host_step": {"decode": [{"size": 1, "step_host_us": 80.0}, {"size": 1024, "step_host_us": 120.0}]}}
+    t = bench.compute_targets({"layerwise_every_size_lean": lean})
+    assert t["lean_eager_moe_host_us_per_layer_all_sizes"] == {"value": 120.0, "target": "<= 100", "met": False}

@@ -33,6 +33,8 @@ from sglang.srt.model_executor.runner_backend.full_cuda_graph_backend import (
 from . import boundary
 from .boundary import CaptureSession, ProbeSession, StagingArena
 from .layerwise import LayerwiseEntry, SizeCapturer, capture_size, host_step_stats, is_oom
+from .lean_moe import ENV as LEAN_MOE_ENV
+from .lean_moe import LeanMoe, lean_moe_requested
 from .segments import cuda_graph_factory
 
 logger = logging.getLogger(__name__)
@@ -79,7 +81,7 @@ class _LayerwiseCommon:
     mode: str
     phase: str
 
-    def _lw_init(self, runner, *, phase: str, capacity_rows: int, full_max_bs: int) -> None:
+    def _lw_init(self, runner, *, phase: str, capacity_rows: int, full_max_bs: int, lean: bool = False) -> None:
         self.mode = "warm"
         self.phase = phase
         self._runner = runner
@@ -91,6 +93,9 @@ class _LayerwiseCommon:
         self._timing = _timing_enabled()
         self.graph_factory = cuda_graph_factory  # tests inject a CPU emulator
         self._warm_oom: Optional[int] = None
+        self.lean: Optional[LeanMoe] = LeanMoe(runner.device) if lean else None
+        if lean:
+            logger.info("layerwise %s: lean eager MoE requested (%s=1)", phase, LEAN_MOE_ENV)
 
     # -- helpers -------------------------------------------------------------------------------
     def _sync_barrier(self) -> None:
@@ -143,6 +148,7 @@ class _LayerwiseCommon:
             pool=self._pool,
             stream=self._capture_stream,
             track_side_streams=self._capture_stream is not None,
+            lean=self.lean,
         )
 
     def _release(self, size: int) -> None:
@@ -209,6 +215,9 @@ class _LayerwiseCommon:
             segments_per_size=max(segs) if segs else 0,
             staging_bytes=self.arena.nbytes,
         )
+        if self.lean is not None:
+            lean_steps = sum(getattr(s, "lean", False) for e in self.entries.values() for s in e.graph.steps)
+            out["lean_moe"] = dict(self.lean.summary(), lean_steps=lean_steps)
         return out
 
     def host_stats(self):
@@ -224,6 +233,9 @@ class LayerwiseDecodeBackend(_LayerwiseCommon, FullCudaGraphBackend):
             phase="decode",
             capacity_rows=max(cuda_graph_runner.capture_bs) * width,
             full_max_bs=full_max_bs,
+            # Decode only: host time is what decode is short of; prefill's buckets would make the
+            # shared workspace ~8x larger for little gain.
+            lean=lean_moe_requested(),
         )
 
     def _planned_sizes(self):

@@ -13,6 +13,10 @@ layerwise session is open, hands the call to `cross(owner, *args, **kwargs)`. Se
 
 Per-forward Python state the MoE reads (e.g. whether the all-reduce is fused into the next
 layer) is snapshotted at capture by registered state providers and restored around each step.
+
+With a `LeanMoe` (lean_moe.py, opt-in), the probe also runs the lean step on the same inputs and
+compares; where every island of the size matched, the capture makes lean steps (upstream's
+kernels launched directly, combining into the output buffer) instead of calling the forward.
 """
 from __future__ import annotations
 
@@ -86,6 +90,7 @@ class ProbeRecord:
     in_sigs: Tuple[LeafSig, ...]
     out_sigs: Tuple[LeafSig, ...]
     out_rebuild: Callable
+    lean: bool = False  # the lean step matched upstream's result on this island's probe inputs
 
 
 class StagingArena:
@@ -180,10 +185,11 @@ def _rows_of(leaves: Sequence[torch.Tensor]) -> int:
 
 
 class _Session:
-    def __init__(self, arena: StagingArena, records: List[ProbeRecord]):
+    def __init__(self, arena: StagingArena, records: List[ProbeRecord], lean=None):
         self.arena = arena
         self.records = records
         self.calls = 0
+        self.lean = lean  # a lean_moe.LeanMoe, or None: upstream's forward at every island
 
     def on_boundary(self, owner, args, kwargs):
         raise NotImplementedError
@@ -204,11 +210,18 @@ class _Session:
 class ProbeSession(_Session):
     """Eager forward: run each boundary call for real and record its signature."""
 
+    lean_mismatch = False
+
     def on_boundary(self, owner, args, kwargs):
         in_leaves, _ = flatten((args, kwargs))
         rows = _rows_of(in_leaves)
+        # The lean step runs first: it only reads the inputs, upstream's may write them (inplace).
+        lean = self.lean.bind(owner, args, kwargs) if self.lean is not None else None
+        if lean is not None:
+            lean[0]()
         out = call_unhooked(owner, args, kwargs)
         out_leaves, out_rebuild = flatten(out)
+        lean_ok = lean is not None and self._same(lean[1], out_leaves, rows)
         in_sigs = tuple(_leaf_sig(t, rows) for t in in_leaves)
         out_sigs = tuple(_leaf_sig(t, rows) for t in out_leaves)
         if not all(s.token_major for s in out_sigs):
@@ -223,10 +236,30 @@ class ProbeSession(_Session):
             for j, s in enumerate(out_sigs):
                 self.arena.ensure(f"out{r}.{j}", s.tail, s.dtype)
         self.records.append(
-            ProbeRecord(id(owner), type(owner).__name__, rows, in_sigs, out_sigs, out_rebuild)
+            ProbeRecord(id(owner), type(owner).__name__, rows, in_sigs, out_sigs, out_rebuild, lean_ok)
         )
         self.calls += 1
         return out
+
+    def _same(self, lean_out, out_leaves, rows) -> bool:
+        ref = out_leaves[0] if len(out_leaves) == 1 else None
+        if ref is not None and ref.shape == lean_out.shape and ref.dtype == lean_out.dtype:
+            if torch.equal(ref, lean_out):
+                return True
+            diff = (ref.float() - lean_out.float()).abs()
+            detail = f"max |diff| {diff.max().item():.3g}, {int((diff > 0).sum())} elements differ"
+        else:
+            detail = f"upstream returned {[tuple(t.shape) for t in out_leaves]}"
+        if not self.lean_mismatch:
+            self.lean.note_mismatch(rows, self.calls, detail)
+        self.lean_mismatch = True
+        return False
+
+    def __exit__(self, *exc):
+        if self.lean_mismatch:  # one difference anywhere: the whole size keeps upstream's path
+            for rec in self.records:
+                rec.lean = False
+        return super().__exit__(*exc)
 
 
 class CaptureSession(_Session):
@@ -236,8 +269,8 @@ class CaptureSession(_Session):
     capture).
     """
 
-    def __init__(self, arena: StagingArena, records: List[ProbeRecord], cutter):
-        super().__init__(arena, records)
+    def __init__(self, arena: StagingArena, records: List[ProbeRecord], cutter, lean=None):
+        super().__init__(arena, records, lean)
         self.cutter = cutter
 
     def on_boundary(self, owner, args, kwargs):
@@ -270,8 +303,13 @@ class CaptureSession(_Session):
             self.arena.view(f"out{ring}.{j}", s.tail, s.dtype, rows)
             for j, s in enumerate(rec.out_sigs)
         ]
-        restorers = _snapshot_state()
-        step = _make_step(owner, staged_args, staged_kwargs, out_views, restorers)
+        lean = None
+        if self.lean is not None and rec.lean and len(out_views) == 1:
+            lean = self.lean.bind(owner, staged_args, staged_kwargs, out=out_views[0])
+        if lean is not None:
+            step = lean[0]  # reads no per-forward flags: no state to restore
+        else:
+            step = _make_step(owner, staged_args, staged_kwargs, out_views, _snapshot_state())
         self.cutter.cut(step)
         self.calls += 1
         return rec.out_rebuild(out_views)

@@ -41,6 +41,7 @@ def capture_size(
     pool=None,
     stream=None,
     track_side_streams: bool = False,
+    lean=None,
 ) -> LayerwiseEntry:
     """Warm up (eager, recording every eager island) and capture one size as segments.
 
@@ -48,6 +49,8 @@ def capture_size(
     before_warmup: e.g. device sync + TP barrier, called before every warmup forward.
     post_warmup_hook: lets the attention backend reset state a warmup mutated.
     before_capture: e.g. device sync, called once right before the first segment opens.
+    lean: a lean_moe.LeanMoe: islands whose lean step matched upstream's in the last warmup
+        become lean steps.
     """
     if warmups < 1:
         raise ValueError("capture_size needs at least one warmup forward to probe eager islands")
@@ -56,7 +59,7 @@ def capture_size(
         records = []
         if before_warmup is not None:
             before_warmup()
-        with ProbeSession(arena, records):
+        with ProbeSession(arena, records, lean):
             forward_fn()
         if post_warmup_hook is not None:
             post_warmup_hook()
@@ -69,7 +72,7 @@ def capture_size(
         pool=pool,
         stream=stream,
         track_side_streams=track_side_streams,
-    ) as cap, CaptureSession(arena, records, cap):
+    ) as cap, CaptureSession(arena, records, cap, lean):
         output = forward_fn()
     return LayerwiseEntry(graph=graph, output=output, islands=len(records))
 
