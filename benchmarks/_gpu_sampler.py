@@ -10,6 +10,7 @@ import os
 import statistics
 import subprocess
 import threading
+import time
 from typing import List, Optional, Tuple
 
 QUERY = ["nvidia-smi", "--query-gpu=power.draw,memory.used", "--format=csv,noheader,nounits"]
@@ -88,6 +89,7 @@ class GpuSampler:
     def __init__(self, interval_s: float = 1.0, gpu: Optional[int] = None):
         self.interval_s, self.gpu = interval_s, gpu
         self.samples: List[Sample] = []
+        self.times: List[float] = []  # monotonic seconds of each sample
         self.error: Optional[str] = None
         self.summary: Optional[dict] = None
         self._stop = threading.Event()
@@ -100,7 +102,12 @@ class GpuSampler:
                 self.error = err
                 return  # not readable now means not readable for this run; stop asking
             self.samples.append(sample)
+            self.times.append(time.monotonic())
             self._stop.wait(self.interval_s)
+
+    def memory_series(self, since: float) -> List[List[float]]:
+        """[[seconds since `since` (monotonic), MiB], ...] of the readings taken so far."""
+        return [[round(t - since, 1), m] for t, (_, m) in zip(list(self.times), list(self.samples)) if m is not None]
 
     def __enter__(self) -> "GpuSampler":
         self._thread.start()

@@ -6,8 +6,10 @@ A cell holds the curated numbers of one `python -m sglang.benchmark.serving` run
 """
 from __future__ import annotations
 
+import datetime as dt
 import json
 import re
+import statistics
 from pathlib import Path
 from typing import Dict, List, Optional
 
@@ -20,7 +22,8 @@ REQUIRED = ("completed", "duration", "output_throughput", "total_throughput", "m
             "p99_ttft_ms", "median_itl_ms", "p99_itl_ms")
 OPTIONAL = ("total_input_tokens", "total_output_tokens", "request_throughput", "mean_itl_ms",
             "median_tpot_ms", "median_e2e_latency_ms", "p99_e2e_latency_ms", "max_concurrency",
-            "concurrency", "max_output_tokens_per_s", "max_concurrent_requests")
+            "concurrency", "max_output_tokens_per_s", "max_concurrent_requests",
+            "clients")  # per-client summaries when a measurement ran several clients (_serving_client)
 FAST_VS_BS256 = 1.15   # fork / upstream(max bs 256), output tok/s at concurrency 1024
 NOT_SLOWER = 0.97      # fork / upstream default, output tok/s at every concurrency
 
@@ -41,6 +44,28 @@ def parse_record(rec: dict, num_prompts: int) -> dict:
     cell["num_prompts"] = num_prompts
     cell["complete"] = rec["completed"] == num_prompts
     return cell
+
+
+_DECODE_LINE = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)[^\]]*\] Decode batch.*?#running-req: (\d+)"
+                          r".*?gen throughput \(token/s\): ([\d.]+)", re.M)
+
+
+def server_decode_rate(log_path, t0: float, t1: float, min_running: int) -> Optional[dict]:
+    """The scheduler's own decode throughput while [t0, t1] ran with >= min_running requests: its
+    "Decode batch" lines (one per 40 steps, local time) -- what the GPU side delivered, whatever
+    the HTTP stream and the client made of it. None when the log holds no such line."""
+    try:
+        text = Path(log_path).read_text(errors="replace")
+    except OSError:
+        return None
+    lo, hi = (dt.datetime.fromtimestamp(t).strftime("%Y-%m-%d %H:%M:%S") for t in (t0, t1))
+    rates = [float(m[3]) for m in _DECODE_LINE.finditer(text)
+             if lo <= m[1] <= hi and int(m[2]) >= min_running]
+    if len(rates) < 2:
+        return None
+    rates = rates[1:]  # the first line after a pause averages over the idle time before it
+    return {"median_tok_s": round(statistics.median(rates), 1), "max_tok_s": round(max(rates), 1),
+            "lines": len(rates), "min_running": min_running}
 
 
 def cell(doc: dict, config: str, conc: int) -> Optional[dict]:
@@ -102,6 +127,16 @@ def _power(c: dict) -> str:
     return "not readable" if p else "-"
 
 
+def _decode_rate(doc: dict, config: str, conc: int) -> Optional[float]:
+    d = value(doc, config, conc, "server_decode")
+    return d.get("median_tok_s") if isinstance(d, dict) else None
+
+
+def _decode(c: dict) -> str:
+    d = c.get("server_decode")
+    return f"{d['median_tok_s']:,.0f} (>= {d['min_running']} running)" if isinstance(d, dict) else "-"
+
+
 def _resolved(facts: dict) -> str:
     """What the server made of its flags: graph backends and sizes per phase, KV pool."""
     parts = []
@@ -120,8 +155,8 @@ def render_md(doc: dict) -> str:
     lines = [f"# Serving benchmark ({doc.get('tag')})", "",
              f"{doc.get('device', 'unknown device')}; commit {doc.get('commit', 'unknown')}; generated {doc.get('generated')}.",
              f"Model: {m.get('description', '?')}. Workload: {w.get('description', '?')}.", "",
-             "| config | concurrency | prompts | output tok/s | total tok/s | TTFT p50 / p99 ms | ITL p50 / p99 ms | GPU W median / max |",
-             "|---|---|---|---|---|---|---|---|"]
+             "| config | concurrency | prompts | output tok/s | total tok/s | TTFT p50 / p99 ms | ITL p50 / p99 ms | GPU W median / max | server decode tok/s |",
+             "|---|---|---|---|---|---|---|---|---|"]
     configs = [n for n in CONFIG_ORDER if n in doc.get("runs", {})]
     for conc in CONCURRENCY:
         for name in configs:
@@ -129,14 +164,16 @@ def render_md(doc: dict) -> str:
             if c is None:
                 continue
             if "error" in c:
-                lines.append(f"| {name} | {conc} | - | failed: {c['error'][:80]} | | | | |")
+                lines.append(f"| {name} | {conc} | - | failed: {c['error'][:80]} | | | | | |")
                 continue
             done = f"{c['completed']}/{c['num_prompts']}"
             label = f"{name} (measured as {c['measured_as']})" if c.get("measured_as") else name
             lines.append(
                 f"| {label} | {conc} | {done} | {_fmt(c['output_throughput'])} | {_fmt(c['total_throughput'])} | "
                 f"{_fmt(c['median_ttft_ms'])} / {_fmt(c['p99_ttft_ms'])} | "
-                f"{_fmt(c['median_itl_ms'], 2)} / {_fmt(c['p99_itl_ms'], 2)} | {_power(c)} |")
+                f"{_fmt(c['median_itl_ms'], 2)} / {_fmt(c['p99_itl_ms'], 2)} | {_power(c)} | {_decode(c)} |")
+    if doc.get("notes"):
+        lines += ["", "## Notes", ""] + [f"- {n}" for n in doc["notes"]]
     lines += ["", "## Targets", "", "| target | value | threshold | met |", "|---|---|---|---|"]
     for k, v in doc["targets"].items():
         lines.append(f"| {k} | {v['value']} | {v['target']} | {'yes' if v['met'] else 'NO'} |")
@@ -158,7 +195,8 @@ def plot_png(doc: dict, path: Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    panels = [("output_throughput", None, "output tok/s"), ("total_throughput", None, "total tok/s"),
+    panels = [("output_throughput", None, "output tok/s (client)"),
+              ("server_decode", None, "decode tok/s at the scheduler (server log)"),
               ("median_itl_ms", "p99_itl_ms", "ITL ms (solid p50, dashed p99)"),
               ("median_ttft_ms", "p99_ttft_ms", "TTFT ms (solid p50, dashed p99)")]
     fig, axes = plt.subplots(2, 2, figsize=(11, 8))
@@ -168,7 +206,8 @@ def plot_png(doc: dict, path: Path) -> Path:
             for k, style in ((key, "-o"), (p99, "--x")):
                 if k is None:
                     continue
-                pts = [(c, value(doc, name, c, k)) for c in CONCURRENCY]
+                pts = [(c, _decode_rate(doc, name, c) if k == "server_decode" else value(doc, name, c, k))
+                       for c in CONCURRENCY]
                 pts = [(c, v) for c, v in pts if v is not None]
                 if pts:
                     ax.plot(*zip(*pts), style, color=f"C{i}", label=name if k == key else None)

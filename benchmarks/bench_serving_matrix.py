@@ -41,6 +41,7 @@ from typing import List
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _results  # noqa: E402
+import _serving_client as client  # noqa: E402
 import _serving_report as report  # noqa: E402
 import _serving_setup as setup  # noqa: E402
 import soak  # noqa: E402
@@ -58,15 +59,10 @@ def num_prompts(conc: int, waves: int = WAVES) -> int:
 
 
 def bench_command(port: int, model_dir: str, served: str, conc: int, prompts: int, out_file: Path,
-                  input_len: int = INPUT_LEN, output_len: int = OUTPUT_LEN, seed: int = SEED) -> List[str]:
-    return [sys.executable, "-m", "sglang.benchmark.serving", "--backend", "sglang",
-            "--host", "127.0.0.1", "--port", str(port), "--model", model_dir,
-            "--served-model-name", served, "--tokenizer", model_dir,
-            "--dataset-name", "random-ids", "--tokenize-prompt",
-            "--random-input-len", str(input_len), "--random-output-len", str(output_len),
-            "--random-range-ratio", "1.0", "--num-prompts", str(prompts),
-            "--max-concurrency", str(conc), "--request-rate", "inf", "--seed", str(seed),
-            "--output-file", str(out_file), "--disable-tqdm"]
+                  input_len: int = INPUT_LEN, output_len: int = OUTPUT_LEN, seed: int = SEED,
+                  stream: bool = True, details: bool = False) -> List[str]:
+    return client.command(port, model_dir, served, conc, prompts, out_file, input_len, output_len, seed,
+                          stream, details)
 
 
 def cell_timeout(a, elapsed: float) -> float:
@@ -79,32 +75,37 @@ def cell_timeout(a, elapsed: float) -> float:
 
 def run_cell(srv, model_dir: str, name: str, conc: int, a, workdir: Path, warmup: bool = False,
              timeout: float = None) -> dict:
-    """One bench_serving run. warmup: the same prompts shape at this concurrency but 16 output
-    tokens, so first-use costs (kernel JIT, allocator growth at the largest batch) are paid
-    before anything is measured."""
+    """One measurement: bench_serving as --client-procs processes (one for the warm-up). warmup:
+    the same prompt shape at this concurrency but 16 output tokens, so first-use costs (kernel
+    JIT, allocator growth at the largest batch) are paid before anything is measured."""
     prompts = conc if warmup else num_prompts(conc, a.waves)
     label = f"{name}-warmup-c{conc}" if warmup else f"{name}-c{conc}"
-    out_file = workdir / f"{label}.jsonl"
-    out_file.unlink(missing_ok=True)
-    cmd = bench_command(srv.port, model_dir, name, conc, prompts, out_file, a.input_len,
-                        min(16, a.output_len) if warmup else a.output_len, a.seed + 1 if warmup else a.seed)
-    print(f"[bench] {label}: {prompts} prompts", flush=True)
+    parts = client.split(conc, prompts, 1 if warmup else a.client_procs)
+    outs = [workdir / (f"{label}.jsonl" if len(parts) == 1 else f"{label}-p{i}.jsonl") for i in range(len(parts))]
+    cmds = []
+    for i, ((c, n), out_file) in enumerate(zip(parts, outs)):
+        out_file.unlink(missing_ok=True)
+        cmds.append(bench_command(srv.port, model_dir, name, c, n, out_file, a.input_len,
+                                  min(16, a.output_len) if warmup else a.output_len,
+                                  (a.seed + 1 if warmup else a.seed) + 1000 * i, a.stream, len(parts) > 1))
+    print(f"[bench] {label}: {prompts} prompts" + (f" over {len(parts)} clients" if len(parts) > 1 else ""), flush=True)
     t0 = time.time()
     with GpuSampler() as gpu:
-        try:
-            timeout = timeout or a.cell_timeout
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-            rc, out = proc.returncode, proc.stdout + proc.stderr
-        except subprocess.TimeoutExpired as e:
-            rc, out = f"timeout after {timeout:.0f}s", _text(e.stdout) + _text(e.stderr)
+        rc, out = client.run_all(cmds, timeout or a.cell_timeout)
+    t1 = time.time()
     (workdir / f"{label}.log").write_text(str(out))
-    base = {"command": " ".join(cmd), "wall_s": round(time.time() - t0, 1), "gpu": gpu.summary}
+    base = {"command": " ".join(cmds[0]) + (f"  (x{len(cmds)} clients, seeds +1000 each)" if len(cmds) > 1 else ""),
+            "wall_s": round(t1 - t0, 1), "gpu": gpu.summary,
+            "server_decode": report.server_decode_rate(srv.log_path, t0, t1, min_running=max(1, int(0.9 * conc)))}
     if rc != 0:
         return {**base, "error": f"bench_serving exit {rc}; server alive: {srv.alive()}; tail: {str(out)[-600:]}"}
     try:
-        return {**base, **report.parse_record(report.last_record(out_file), prompts)}
-    except (OSError, ValueError) as e:
+        cell = report.parse_record(client.merge_records([report.last_record(f) for f in outs]), prompts)
+    except (OSError, ValueError, KeyError) as e:
         return {**base, "error": f"unreadable bench_serving result: {e}"}
+    if not a.stream:  # one response per request: no first token, no inter-token gaps to time
+        cell.update({k: None for k in client.LATENCY_KEYS if k in cell})
+    return {**base, **cell, "streamed": a.stream, "client_procs": len(parts)}
 
 
 def save(doc: dict, out: Path, copy_to: str = None) -> None:
@@ -137,6 +138,7 @@ def measure(a, doc: dict, out: Path) -> None:
         "description": f"bench_serving random-ids, {a.input_len} in + {a.output_len} out tokens, "
                        f"seed {a.seed}, greedy, ignore_eos, max(8, {a.waves} x concurrency) prompts",
         "input_len": a.input_len, "output_len": a.output_len, "seed": a.seed, "waves": a.waves,
+        "stream": a.stream, "client_procs": a.client_procs,
         "kv_tokens_needed_at_1024": kv_needed}
     doc.setdefault("invocations", []).append({"command": " ".join([os.path.basename(sys.executable), *sys.argv]),
                                               "when": _results.utc_now(), "commit": _results.commit()})
@@ -236,7 +238,8 @@ def soak_this_server(a, srv, model: dict, flags: List[str]) -> None:
     """The soak (benchmarks/soak.py) on the layerwise server once its cells are measured: one
     server start fewer on the GPU host. Writes soak-TAG.json."""
     sa = soak.parse_args(["--tag", a.tag, "--minutes", str(a.then_soak), "--results-dir", a.results_dir,
-                          "--model-dir", a.model_dir, "--drain-timeout", str(a.soak_drain_timeout)]
+                          "--model-dir", a.model_dir, "--drain-timeout", str(a.soak_drain_timeout),
+                          "--warmup-minutes", str(a.soak_warmup_minutes)]
                          + (["--copy-to", a.copy_to] if a.copy_to else []))
     doc = soak.new_doc(sa, model, "layerwise", flags)
     doc["server"]["shared_with"] = f"serving-{a.tag}.json's layerwise server, after its cells were measured"
@@ -250,7 +253,8 @@ def check_same_setup(doc: dict, a, model: dict) -> None:
     """Cells merged into one file must share the workload and the model."""
     w = doc.get("workload")
     if w:
-        for opt in ("input_len", "output_len", "seed", "waves"):
+        w = {"stream": True, "client_procs": 1, **w}  # files from before these options
+        for opt in ("input_len", "output_len", "seed", "waves", "stream", "client_procs"):
             if w.get(opt) != getattr(a, opt):
                 raise SystemExit(f"--{opt.replace('_', '-')}: {getattr(a, opt)} differs from the {w.get(opt)} "
                                  f"already in serving-{a.tag}.json (use another --tag)")
@@ -290,6 +294,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--output-len", type=int, default=OUTPUT_LEN)
     ap.add_argument("--waves", type=int, default=WAVES, help="prompts = max(8, WAVES x concurrency)")
     ap.add_argument("--seed", type=int, default=SEED)
+    ap.add_argument("--client-procs", type=int, default=1,
+                    help="bench_serving processes per measurement, each with 1/N of the concurrency and "
+                         "prompts (one Python client can lag a fast server at high concurrency)")
+    ap.add_argument("--no-stream", dest="stream", action="store_false",
+                    help="bench_serving --disable-stream: throughput only (TTFT/ITL reported as null)")
     ap.add_argument("--model-dir", default=None, help="checkpoint directory (built there when absent)")
     ap.add_argument("--layers", type=int, default=None, help="fewer decoder layers (smoke runs only)")
     ap.add_argument("--mem-fraction-static", type=float, default=0.80)
@@ -307,6 +316,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                     help="after the layerwise cells, soak that same server for MINUTES (benchmarks/soak.py, "
                          "writes soak-TAG.json); its server then also gets --reject-unknown-model")
     ap.add_argument("--soak-drain-timeout", type=float, default=300.0)
+    ap.add_argument("--soak-warmup-minutes", type=float, default=2.0,
+                    help="soak.py --warmup-minutes: the soak's traffic, not timed, before memory is read")
     ap.add_argument("--results-dir", default=str(_results.RESULTS))
     ap.add_argument("--workdir", default=None, help="logs and raw JSONL (default: a temp dir)")
     ap.add_argument("--copy-to", default=None, help="also copy the results (and server log tails) here after every save")
@@ -316,7 +327,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     bad = [c for c in a.concurrency if c < 1]
     if bad:
         ap.error(f"--concurrency: values must be >= 1, got {bad}")
-    for opt in ("input_len", "output_len", "waves"):
+    for opt in ("input_len", "output_len", "waves", "client_procs"):
         if getattr(a, opt) < 1:
             ap.error(f"--{opt.replace('_', '-')}: must be >= 1, got {getattr(a, opt)}")
     if a.then_soak < 0 or (a.then_soak and "layerwise" not in a.configs):

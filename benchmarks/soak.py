@@ -122,13 +122,17 @@ async def _progress(tally: Tally, every: float, t0: float, on_tick=None) -> None
 
 async def run_load(url: str, plan_next, concurrency: int, seconds: float, drain_timeout: float,
                    tally: Tally, fixed: Optional[List[Request]] = None, progress_s: float = 0,
-                   on_tick=None) -> float:
+                   on_tick=None, warmup_s: float = 0, warm_tally: Optional[Tally] = None,
+                   on_warm_end=None) -> float:
     """CONCURRENCY loops sending plan_next() back to back until `seconds` have passed (or, with
-    `fixed`, each sending its share of those requests once). Returns the drain time."""
+    `fixed`, each sending its share of those requests once). Returns the drain time. With
+    warmup_s, the same load runs that long first without a pause: requests sent then are
+    recorded in warm_tally, and on_warm_end() runs once when it is over."""
     import aiohttp
 
     loop = asyncio.get_running_loop()
-    deadline = loop.time() + seconds
+    warm_end = loop.time() + warmup_s
+    deadline = warm_end + seconds
     ticker = asyncio.create_task(_progress(tally, progress_s, time.monotonic(), on_tick)) if progress_s else None
     timeout = aiohttp.ClientTimeout(total=seconds + drain_timeout + 60)
     async with aiohttp.ClientSession(timeout=timeout,
@@ -139,14 +143,21 @@ async def run_load(url: str, plan_next, concurrency: int, seconds: float, drain_
                     await _send(session, url, req, tally)
                 return
             while loop.time() < deadline:
-                await _send(session, url, plan_next(), tally)
+                await _send(session, url, plan_next(), warm_tally if loop.time() < warm_end else tally)
+
+        async def warm_over():
+            await asyncio.sleep(warmup_s)
+            on_warm_end()
 
         tasks = [asyncio.create_task(loop_send(i)) for i in range(concurrency)]
+        marker = asyncio.create_task(warm_over()) if warmup_s and on_warm_end else None
         _, pending = await asyncio.wait(tasks, timeout=max(0.0, deadline - loop.time()) + drain_timeout)
         drain = loop.time() - deadline
         for t in pending:
             t.cancel()  # whatever is still in flight stays in tally.inflight: unfinished
         await asyncio.gather(*pending, return_exceptions=True)
+        if marker and not marker.done():
+            marker.cancel()
     if ticker:
         ticker.cancel()
     return drain
@@ -167,8 +178,14 @@ def _health(url: str) -> bool:
         return False
 
 
+def _judged(doc: dict, kind: str) -> Dict[str, int]:
+    """ok / sent of the soak plus its warm-up: the warm-up is not timed, but its answers count."""
+    parts = [doc[kind], (doc.get("warmup") or {}).get(kind) or {}]
+    return {"ok": sum(p.get("ok", 0) for p in parts), "sent": sum(p.get("sent", 0) for p in parts)}
+
+
 def compute_targets(doc: dict) -> dict:
-    wf, mf, mem = doc["wellformed"], doc["malformed"], doc["memory_mib"]
+    wf, mf, mem = _judged(doc, "wellformed"), _judged(doc, "malformed"), doc["memory_mib"]
     crashed = not (doc["server_alive_after"] and doc["health_after"] and doc["request_after_ok"])
     return {
         "server_crashes": _results.target(int(crashed), "== 0", lambda v: v == 0),
@@ -185,6 +202,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--tag", default="h200", help="results go to RESULTS_DIR/soak-TAG.json")
     ap.add_argument("--config", default="layerwise", choices=list(setup.CONFIGS))
     ap.add_argument("--minutes", type=float, default=10.0, help="length of the load phase (default 10)")
+    ap.add_argument("--warmup-minutes", type=float, default=2.0,
+                    help="the same traffic first, not judged, until GPU memory is read as 'before' (default 2)")
     ap.add_argument("--concurrency", type=int, default=1024)
     ap.add_argument("--malformed-share", type=float, default=0.02)
     ap.add_argument("--seed", type=int, default=0)
@@ -203,6 +222,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     a = ap.parse_args(argv)
     if a.minutes <= 0:
         ap.error(f"--minutes: must be > 0, got {a.minutes}")
+    if a.warmup_minutes < 0:
+        ap.error(f"--warmup-minutes: must be >= 0, got {a.warmup_minutes}")
     if a.concurrency < 1:
         ap.error(f"--concurrency: must be >= 1, got {a.concurrency}")
     if not 0 <= a.malformed_share < 1:
@@ -242,12 +263,12 @@ def _save(a, doc: dict) -> None:
         shutil.copy(_out(a), a.copy_to)
 
 
-def _save_progress(a, doc: dict, tally: Tally, t0: float) -> None:
+def _save_progress(a, doc: dict, tally: Tally, t0: float, memory_series=None) -> None:
     """Every progress tick: what the soak has seen so far, so a run cut off (host time limit,
     device budget) still returns its figures. Targets stay unmet until the soak has finished."""
-    doc["partial"] = {"elapsed_s": round(time.time() - t0, 1), "of_s": a.minutes * 60,
+    doc["partial"] = {"elapsed_s": round(time.time() - t0, 1), "of_s": (a.minutes + a.warmup_minutes) * 60,
                       "wellformed": tally.summary(False), "malformed": tally.summary(True),
-                      "connection_errors": tally.connection_errors}
+                      "connection_errors": tally.connection_errors, "memory_series_mib": memory_series}
     doc["targets"] = {k: _results.target(None, "soak not finished", bool) for k in TARGET_NAMES}
     _save(a, doc)
 
@@ -260,21 +281,35 @@ def run_soak(a, srv, model: dict, doc: dict) -> None:
     plan = RequestPlan(a.seed, ctx, model["tokenizer_vocab"], a.config, a.malformed_share,
                        max_input_len=facts.get("max_req_input_len"))
     mem_ready = _memory_mib()
-    warm = Tally()
+    burst_tally, warm = Tally(), Tally()
     burst = [plan.wellformed("generate", plan.limit - 64, 8)] + \
             [plan.wellformed("generate", 16, 8) for _ in range(a.concurrency)]
-    print(f"[soak] warm-up: 1 x {plan.limit - 64} + {a.concurrency} x 16 tokens", flush=True)
-    asyncio.run(run_load(srv.url, None, a.concurrency, 0, a.drain_timeout, warm, fixed=burst))
-    time.sleep(3)
-    mem_before = _memory_mib()
+    print(f"[soak] warm-up: 1 x {plan.limit - 64} + {a.concurrency} x 16 tokens, then {a.warmup_minutes} min "
+          f"of the soak's own traffic", flush=True)
+    asyncio.run(run_load(srv.url, None, a.concurrency, 0, a.drain_timeout, burst_tally, fixed=burst))
+    mem = {}
     tally = Tally()
-    print(f"[soak] {a.minutes} min at concurrency {a.concurrency}, context {ctx}, "
-          f"{a.malformed_share:.0%} malformed", flush=True)
     t0 = time.time()
+    m0 = time.monotonic()
+
+    def warm_end():
+        # The caching allocator keeps what the largest shapes of this traffic needed; "before"
+        # is read once it has met them, under load (reserved memory does not shrink when idle).
+        mem["before"] = _memory_mib()
+        mem["before_at_s"] = round(time.monotonic() - m0, 1)
+        print(f"[soak] warm-up over: GPU memory {mem['before']} MiB; {a.minutes} min at concurrency "
+              f"{a.concurrency}, context {ctx}, {a.malformed_share:.0%} malformed", flush=True)
+
+    if a.warmup_minutes <= 0:
+        warm_end()
     with GpuSampler(interval_s=5.0) as gpu:
-        drain = asyncio.run(run_load(srv.url, plan.next, a.concurrency, a.minutes * 60, a.drain_timeout,
-                                     tally, progress_s=30, on_tick=lambda: _save_progress(a, doc, tally, t0)))
-    elapsed = time.time() - t0
+        drain = asyncio.run(run_load(
+            srv.url, plan.next, a.concurrency, a.minutes * 60, a.drain_timeout, tally, progress_s=30,
+            on_tick=lambda: _save_progress(a, doc, tally, t0, gpu.memory_series(m0)),
+            warmup_s=a.warmup_minutes * 60, warm_tally=warm,
+            on_warm_end=warm_end if a.warmup_minutes > 0 else None))
+    mem_before = mem["before"]
+    elapsed = time.time() - t0 - a.warmup_minutes * 60
     time.sleep(5)
     mem_after = _memory_mib()
     after = Tally()
@@ -287,13 +322,16 @@ def run_soak(a, srv, model: dict, doc: dict) -> None:
                  "context_len": ctx, "max_prompt_len": plan.limit,
                  "prompt_len": _dist(tally.prompt_lens, 0), "max_tokens": _dist(tally.output_lens, 0),
                  "completion_tokens": tally.completion_tokens, "connection_errors": tally.connection_errors},
-        "warmup": {"sent": sum(warm.sent.values()), "ok": sum(warm.ok.values()),
-                   "failures": dict(warm.examples)},
+        "warmup": {"burst": {"sent": sum(burst_tally.sent.values()), "ok": sum(burst_tally.ok.values()),
+                             "failures": dict(burst_tally.examples)},
+                   "minutes": a.warmup_minutes, "wellformed": warm.summary(False), "malformed": warm.summary(True)},
         "wellformed": {**tally.summary(False), "latency_s": _dist(tally.latency_s)},
         "malformed": tally.summary(True),
-        "memory_mib": {"ready": mem_ready, "before": mem_before, "after": mem_after, "drift_pct": drift,
+        "memory_mib": {"ready": mem_ready, "before": mem_before, "before_at_s": mem["before_at_s"],
+                       "after": mem_after, "drift_pct": drift,
                        "drift_vs_ready_pct": _results.ratio(abs(mem_after - mem_ready) * 100, mem_ready, 3)
-                       if mem_ready and mem_after else None},
+                       if mem_ready and mem_after else None,
+                       "series": gpu.memory_series(m0)},
         "gpu": gpu.summary,
         "server_alive_after": srv.alive(), "health_after": _health(srv.url),
         "request_after_ok": sum(after.ok.values()) == 1,

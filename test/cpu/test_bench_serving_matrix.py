@@ -196,9 +196,13 @@ class _LocalSglang:
         asyncio.run(main())
 
 
-def test_a_cell_runs_upstreams_client_and_parses_what_it_writes(tmp_path, monkeypatch):
+@pytest.mark.parametrize("procs, stream", [(1, True), (2, True), (1, False)])
+def test_a_cell_runs_upstreams_client_and_parses_what_it_writes(tmp_path, monkeypatch, procs, stream):
     """run_cell end to end on CPU: the real `python -m sglang.benchmark.serving` with our command
-    against a local server, its JSONL parsed into a cell; nvidia-smi absent -> power not readable."""
+    against a local server (once, as two clients merged, or unstreamed), its JSONL parsed into a
+    cell; nvidia-smi absent -> power not readable; the server log's decode lines -> server_decode."""
+    import datetime as dt
+
     from sglang.sm120.tiny import tokenizer as tok_mod
 
     model = tmp_path / "model"
@@ -206,16 +210,30 @@ def test_a_cell_runs_upstreams_client_and_parses_what_it_writes(tmp_path, monkey
     tok_mod.save_tokenizer_files(tok_mod.build_tokenizer(512), str(model), 4096)
     monkeypatch.setattr(_gpu_sampler, "QUERY", ["/nonexistent/nvidia-smi"])
     local = _LocalSglang()
-    srv = Namespace(port=local.port, alive=lambda: True)
-    a = Namespace(waves=2, input_len=32, output_len=8, seed=1, cell_timeout=240)
+    now = dt.datetime.now().strftime("%Y-%m-%d %H:%M:%S")
+    log = tmp_path / "server.log"
+    log.write_text("".join(f"[{now}] Decode batch, #running-req: {r}, #token: 9, token usage: 0.00, cuda graph: True, "
+                           f"gen throughput (token/s): {g}, #queue-req: 0\n" for r, g in ((4, 10.0), (4, 300.0), (4, 500.0), (1, 9e9))))
+    srv = Namespace(port=local.port, alive=lambda: True, log_path=str(log))
+    a = Namespace(waves=2, input_len=32, output_len=8, seed=1, cell_timeout=240, client_procs=procs, stream=stream)
     cell = matrix.run_cell(srv, str(model), "layerwise", 4, a, tmp_path)
     assert "error" not in cell, cell.get("error")
     assert cell["completed"] == cell["num_prompts"] == 8 and cell["complete"]
     assert cell["output_throughput"] > 0 and cell["total_throughput"] > cell["output_throughput"]
-    assert cell["median_itl_ms"] > 0 and cell["p99_ttft_ms"] >= cell["median_ttft_ms"] > 0
+    assert (cell["client_procs"], cell["streamed"]) == (procs, stream)
+    if stream:
+        assert cell["median_itl_ms"] > 0 and cell["p99_ttft_ms"] >= cell["median_ttft_ms"] > 0
+    else:
+        assert cell["median_itl_ms"] is None and cell["median_ttft_ms"] is None
+    if procs > 1:
+        assert len(cell["clients"]) == 2 and sum(c["completed"] for c in cell["clients"]) == 8
+    # the first line after a pause is dropped; the line with 1 request is under 0.9 x 4 running
+    assert cell["server_decode"] == {"median_tok_s": 400.0, "max_tok_s": 500.0, "lines": 2, "min_running": 3}
     assert cell["gpu"]["power_w"].startswith("not readable")
     measured = [r for r in local.requests if r["sampling_params"]["max_new_tokens"] == 8]
     assert len(measured) >= 8 and all(len(r["input_ids"]) == 32 for r in measured)
+    if procs > 1:  # each client its own seed: distinct prompts (each client also sends its first once as a test)
+        assert len({tuple(r["input_ids"]) for r in measured}) == cell["num_prompts"]
     assert all(r["sampling_params"]["ignore_eos"] and r["sampling_params"]["temperature"] == 0 for r in measured)
 
 
@@ -578,14 +596,18 @@ def test_soak_end_to_end_against_a_local_server(tmp_path, monkeypatch):
     monkeypatch.setattr(soak.setup, "server_facts", lambda url: {"max_req_input_len": 2047})
     monkeypatch.setattr(_gpu_sampler, "QUERY", ["/nonexistent/nvidia-smi"])
     monkeypatch.setattr(soak.time, "sleep", lambda s: None)
-    assert soak.main(["--tag", "t", "--minutes", "0.05", "--concurrency", "8", "--malformed-share", "0.3",
+    assert soak.main(["--tag", "t", "--minutes", "0.05", "--warmup-minutes", "0.02", "--concurrency", "8", "--malformed-share", "0.3",
                       "--results-dir", str(tmp_path), "--copy-to", str(tmp_path / "out")]) == 0
     doc = json.loads((tmp_path / "soak-t.json").read_text())
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["soak-t.json", "soak-t.server.log"]
     wf, mf, t = doc["wellformed"], doc["malformed"], doc["targets"]
     assert wf["sent"] > 20 and wf["ok"] == wf["sent"] and t["wellformed_completed"]["met"]
     assert set(wf["by_kind"]) == {"generate", "generate_stream", "completions"}
-    assert doc["warmup"]["ok"] == doc["warmup"]["sent"] == 9 and doc["soak"]["max_prompt_len"] == 2047
+    assert doc["warmup"]["burst"]["ok"] == doc["warmup"]["burst"]["sent"] == 9 and doc["soak"]["max_prompt_len"] == 2047
+    warm = doc["warmup"]["wellformed"]
+    assert warm["sent"] > 0 and warm["ok"] == warm["sent"]  # the traffic warm-up ran, and its answers count
+    mem = doc["memory_mib"]
+    assert mem["before_at_s"] is not None and mem["before_at_s"] >= 0.9 and mem["series"] == []  # no nvidia-smi
     assert doc["soak"]["prompt_len"]["max"] <= 2047 - 8
     bad = {k: v for k, v in mf["by_kind"].items() if v["ok"] < v["sent"]}
     assert set(bad) <= {"unknown_model", "unknown_model_chat"} and bad

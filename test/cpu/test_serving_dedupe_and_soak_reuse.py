@@ -95,7 +95,7 @@ def test_then_soak_soaks_the_layerwise_server_after_its_cells(tmp_path, monkeypa
     with pytest.raises(SystemExit):  # the soak needs the layerwise configuration
         matrix.parse_args(["--then-soak", "1", "--configs", "upstream_default"])
     matrix.main(["--tag", "s", "--results-dir", str(tmp_path), "--workdir", str(tmp_path / "w"), "--concurrency", "1",
-                 "--configs", "upstream_default", "layerwise", "--then-soak", "0.05", "--copy-to", str(tmp_path / "out")])
+                 "--configs", "upstream_default", "layerwise", "--then-soak", "0.05", "--soak-warmup-minutes", "0.02", "--copy-to", str(tmp_path / "out")])
     assert started == ["upstream_default", "layerwise"]
     assert "--reject-unknown-model" in flags_seen["layerwise"] and "--reject-unknown-model" not in flags_seen["upstream_default"]
     sk = json.loads((tmp_path / "soak-s.json").read_text())
@@ -113,7 +113,7 @@ def test_a_soak_cut_off_keeps_its_figures_and_meets_nothing(tmp_path):
     tally.record(req, True, "", 0.5, 3)
     soak._save_progress(a, doc, tally, t0=0.0)
     saved = json.loads((tmp_path / "out" / "soak-p.json").read_text())
-    assert saved["partial"]["wellformed"]["ok"] == 1 and saved["partial"]["of_s"] == 600
+    assert saved["partial"]["wellformed"]["ok"] == 1 and saved["partial"]["of_s"] == 720  # 10 min + 2 of warm-up
     assert not any(t["met"] for t in saved["targets"].values())
     soak.finish(a, doc)  # the load never finished: no "soak" section
     final = json.loads((tmp_path / "soak-p.json").read_text())
@@ -177,3 +177,36 @@ def test_upstream_default_and_max_bs_256_resolve_alike_on_an_h200_and_layerwise_
     assert strip["upstream_default"] == strip["upstream_bs256"]  # ...and changes nothing else
     assert strip["upstream_default"]["cuda_graph_config"]["decode"]["max_bs"] == 256
     assert strip["layerwise"]["cuda_graph_config"] != strip["upstream_default"]["cuda_graph_config"]
+
+
+def test_merging_clients_recomputes_throughput_over_the_longest_and_percentiles_over_all():
+    import _serving_client as client
+
+    def rec(duration, ttfts, itls, errors):
+        n_ok = sum(1 for e in errors if not e)
+        return {"completed": n_ok, "duration": duration, "total_input_tokens": 100 * n_ok,
+                "total_output_tokens": 10 * n_ok, "max_concurrency": 2, "output_throughput": 10 * n_ok / duration,
+                "ttfts": ttfts, "itls": itls, "errors": errors}
+
+    a = rec(10.0, [0.1, 0.3], [[0.01, 0.02], [0.03]], ["", ""])
+    b = rec(8.0, [0.2, 9.9], [[0.04], [5.0]], ["", "boom"])  # the failed request's timings are left out
+    m = client.merge_records([a, b])
+    assert m["completed"] == 3 and m["duration"] == 10.0 and m["output_throughput"] == 30 / 10.0
+    assert m["total_throughput"] == (300 + 30) / 10.0 and m["max_concurrency"] == 4
+    assert m["median_ttft_ms"] == pytest.approx(200.0) and m["p99_ttft_ms"] < 300.0 + 1e-9
+    assert m["median_itl_ms"] == pytest.approx(25.0) and m["mean_itl_ms"] == pytest.approx(25.0)
+    assert [c["completed"] for c in m["clients"]] == [2, 1]
+    assert client.merge_records([a]) is a  # one client: upstream's own record, untouched
+    assert client.split(10, 20, 4) == [(3, 5), (3, 5), (2, 5), (2, 5)] and client.split(1, 8, 4) == [(1, 8)]
+
+
+def test_client_ceiling_reads_a_synthetic_decode_loop_with_upstreams_client(tmp_path):
+    """A small real run: upstream's client against the synthetic server; it keeps up with a slow
+    offered rate, so its TPOT is about the step and its tok/s about the offered rate."""
+    _require_sglang()
+    import client_ceiling
+
+    r = client_ceiling.measure(concurrency=8, step_ms=20.0, output_len=16, waves=1, workdir=tmp_path, timeout=240)
+    assert r["prompts"] == 8 and r["offered_tok_s"] == 400.0
+    assert 0.5 * r["offered_tok_s"] < r["client_output_tok_s"] <= 1.05 * r["offered_tok_s"]
+    assert r["client_mean_tpot_ms"] >= 19.0

@@ -16,6 +16,8 @@
 #   eager-warmup bench_runner.py --diagnose-eager-warmup: where upstream's graphs-disabled
 #                warmup spends its time on a tiny MoE (stacks every 15 s)                        450
 # Not in the default list (a serving session of their own, ~25 min, issue 6):
+#   client-ceiling  benchmarks/client_ceiling.py: the bench_serving client alone against a synthetic
+#                1024-stream decode loop (no GPU): is the client or the server the serving limit  180
 #   serving      bench_serving_matrix.py, the three configurations on the NVFP4 Qwen3-30B-shaped
 #                checkpoint (built on the host first, ~1 min)                                   1800
 #   soak         soak.py, 10 minutes at concurrency 1024 with 2% malformed requests              1200
@@ -33,7 +35,7 @@ cd "$(dirname "$0")/../.."
 RES=$(mkdir -p "$1" && cd "$1" && pwd); shift
 STEPS=("$@")
 [ ${#STEPS[@]} -gt 0 ] || STEPS=(fp4 runner moe-profile traps correctness eager-warmup)
-KNOWN="fp4 runner moe-profile traps correctness eager-warmup serving soak serving-soak"
+KNOWN="fp4 runner moe-profile traps correctness eager-warmup client-ceiling serving soak serving-soak"
 for s in "${STEPS[@]}"; do  # all checked before the first one starts
   case " $KNOWN " in *" $s "*) ;; *) echo "measure_all.sh: unknown step $s ($KNOWN)"; exit 2 ;; esac
 done
@@ -74,6 +76,8 @@ for s in "${STEPS[@]}"; do
     serving)
       step serving 1800 "$PY" benchmarks/bench_serving_matrix.py --tag h200 --results-dir "$RES" \
         --workdir "$RES/serving-work" --copy-to "$RES/serving-copy" ;;
+    client-ceiling)
+      step client-ceiling 180 "$PY" benchmarks/client_ceiling.py --out "$RES/client-ceiling.json" ;;
     serving-soak)
       step serving-soak 2700 "$PY" benchmarks/bench_serving_matrix.py --tag h200 --then-soak 10 \
         --results-dir "$RES" --workdir "$RES/serving-work" --copy-to "$RES/serving-copy" ;;
