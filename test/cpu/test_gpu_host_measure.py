@@ -53,3 +53,11 @@ def test_serving_soak_step_soaks_the_matrix_layerwise_server(tmp_path):
     assert proc.returncode == 0, proc.stdout
     assert len(calls) == 1 and calls[0].startswith("benchmarks/bench_serving_matrix.py")
     assert "--then-soak 10" in calls[0] and "--copy-to " + str(tmp_path / "res" / "serving-copy") in calls[0]
+
+
+def test_serving_diag_step_runs_one_server_with_four_clients_then_the_soak(tmp_path):
+    proc, calls = run(tmp_path, "client-ceiling", "serving-diag")
+    assert proc.returncode == 0, proc.stdout
+    assert [c.split()[0] for c in calls] == ["benchmarks/client_ceiling.py", "benchmarks/bench_serving_matrix.py"]
+    diag = calls[1]
+    assert "--configs layerwise --concurrency 1024 --client-procs 4 --then-soak 10" in diag

@@ -21,6 +21,8 @@
 #   serving      bench_serving_matrix.py, the three configurations on the NVFP4 Qwen3-30B-shaped
 #                checkpoint (built on the host first, ~1 min)                                   1800
 #   soak         soak.py, 10 minutes at concurrency 1024 with 2% malformed requests              1200
+#   serving-diag the layerwise server alone at concurrency 1024 with 4 clients (is one client the limit?
+#                compare with the cell's scheduler decode rate), then the soak on that server   1800
 #   serving-soak both on fewer server starts: bench_serving_matrix.py --then-soak 10 soaks the
 #                layerwise server after its cells (and a configuration whose flags resolve to
 #                another's ServerArgs reports that server's cells instead of starting it again)  2700
@@ -35,7 +37,7 @@ cd "$(dirname "$0")/../.."
 RES=$(mkdir -p "$1" && cd "$1" && pwd); shift
 STEPS=("$@")
 [ ${#STEPS[@]} -gt 0 ] || STEPS=(fp4 runner moe-profile traps correctness eager-warmup)
-KNOWN="fp4 runner moe-profile traps correctness eager-warmup client-ceiling serving soak serving-soak"
+KNOWN="fp4 runner moe-profile traps correctness eager-warmup client-ceiling serving soak serving-diag serving-soak"
 for s in "${STEPS[@]}"; do  # all checked before the first one starts
   case " $KNOWN " in *" $s "*) ;; *) echo "measure_all.sh: unknown step $s ($KNOWN)"; exit 2 ;; esac
 done
@@ -78,6 +80,10 @@ for s in "${STEPS[@]}"; do
         --workdir "$RES/serving-work" --copy-to "$RES/serving-copy" ;;
     client-ceiling)
       step client-ceiling 180 "$PY" benchmarks/client_ceiling.py --out "$RES/client-ceiling.json" ;;
+    serving-diag)
+      step serving-diag 1800 "$PY" benchmarks/bench_serving_matrix.py --tag h200-diag --configs layerwise \
+        --concurrency 1024 --client-procs 4 --then-soak 10 --results-dir "$RES" \
+        --workdir "$RES/serving-work" --copy-to "$RES/serving-copy" ;;
     serving-soak)
       step serving-soak 2700 "$PY" benchmarks/bench_serving_matrix.py --tag h200 --then-soak 10 \
         --results-dir "$RES" --workdir "$RES/serving-work" --copy-to "$RES/serving-copy" ;;
