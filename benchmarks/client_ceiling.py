@@ -29,8 +29,14 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _results  # noqa: E402
 import _serving_client as client  # noqa: E402
-from _serving_report import last_record  # noqa: E402
+from _serving_report import FAST_VS_BS256, last_record, value  # noqa: E402
+
+KEEPS_UP = 0.95  # client tok/s / offered tok/s
+# What the client must carry for the 1.15x serving target at concurrency 1024 to be measurable:
+# 1.15 x upstream's output tok/s there in this H200 run.
+SERVING_RUN = _results.RESULTS / "serving-h200-2026-12-01.json"
 
 SERVER = textwrap.dedent(r'''
     import asyncio, json, sys
@@ -131,6 +137,26 @@ def measure(concurrency: int, step_ms: float, output_len: int, waves: int, workd
             "wall_s": round(time.time() - t0, 1), "cpus": os.cpu_count(), "command": " ".join(cmd)}
 
 
+def needed_tok_s(serving_json: Path):
+    """1.15 x upstream_bs256's output tok/s at concurrency 1024 in serving_json, or None."""
+    if not serving_json.exists():
+        return None
+    upstream = value(_results.load(serving_json, {}), "upstream_bs256", 1024)
+    return round(FAST_VS_BS256 * upstream, 1) if upstream else None
+
+
+def targets(r: dict, needed) -> dict:
+    return {
+        "client_keeps_up_with_offered": _results.target(r["client_vs_offered"], f">= {KEEPS_UP}",
+                                                        lambda v: v >= KEEPS_UP),
+        "client_carries_the_c1024_serving_target": _results.target(
+            r["client_output_tok_s"] if needed else None,
+            f">= {needed} tok/s (1.15 x upstream at concurrency 1024, {SERVING_RUN.name})" if needed
+            else f"1.15 x upstream at concurrency 1024 (no figure in {SERVING_RUN.name})",
+            lambda v: v >= needed),
+    }
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--concurrency", type=int, default=1024)
@@ -144,6 +170,7 @@ def main(argv=None) -> int:
         ap.error("--concurrency >= 1, --step-ms > 0, --output-len >= 2 and --waves >= 1 are required")
     with tempfile.TemporaryDirectory(prefix="client_ceiling_") as d:
         r = measure(a.concurrency, a.step_ms, a.output_len, a.waves, Path(d), a.timeout)
+    r["targets"] = targets(r, needed_tok_s(SERVING_RUN))
     print(json.dumps(r, indent=1))
     if a.out:
         Path(a.out).write_text(json.dumps(r, indent=1) + "\n")

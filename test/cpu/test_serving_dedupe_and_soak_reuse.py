@@ -210,3 +210,9 @@ def test_client_ceiling_reads_a_synthetic_decode_loop_with_upstreams_client(tmp_
     assert r["prompts"] == 8 and r["offered_tok_s"] == 400.0
     assert 0.5 * r["offered_tok_s"] < r["client_output_tok_s"] <= 1.05 * r["offered_tok_s"]
     assert r["client_mean_tpot_ms"] >= 19.0
+    t = client_ceiling.targets(r, needed=None)
+    assert t["client_keeps_up_with_offered"]["value"] == r["client_vs_offered"]
+    assert t["client_carries_the_c1024_serving_target"] == {
+        "value": None, "target": "1.15 x upstream at concurrency 1024 (no figure in serving-h200-2026-12-01.json)",
+        "met": False}  # no serving run to compare with: never met
+    assert client_ceiling.needed_tok_s(client_ceiling.SERVING_RUN) == round(1.15 * 8902.7014, 1)
