@@ -32,7 +32,6 @@ import copy
 import os
 import shlex
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -119,10 +118,6 @@ def save(doc: dict, out: Path, copy_to: str = None) -> None:
             shutil.copy(f, copy_to)
 
 
-def _text(x) -> str:
-    return x.decode("utf-8", "replace") if isinstance(x, bytes) else (x or "")
-
-
 def measure(a, doc: dict, out: Path) -> None:
     setup.offline_env()
     t_start = time.time()
@@ -155,10 +150,9 @@ def measure(a, doc: dict, out: Path) -> None:
             alias_run(doc, name, measured_here[fp], flags, fp)
             save(doc, out, a.copy_to)
             continue
-        if fp:
-            measured_here[fp] = name
         run = doc["runs"].setdefault(name, {"cells": {}})
         if fp:
+            measured_here[fp] = name
             run["resolved_args_sha256"] = fp
         try:
             srv = setup.start_server(name, a.model_dir, flags, workdir, a.startup_timeout)

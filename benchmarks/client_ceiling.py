@@ -31,6 +31,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _results  # noqa: E402
 import _serving_client as client  # noqa: E402
+from _serving_setup import harness  # noqa: E402
 from _serving_report import FAST_VS_BS256, last_record, value  # noqa: E402
 
 KEEPS_UP = 0.95  # client tok/s / offered tok/s
@@ -93,21 +94,13 @@ SERVER = textwrap.dedent(r'''
 ''')
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def measure(concurrency: int, step_ms: float, output_len: int, waves: int, workdir: Path, timeout: float) -> dict:
     from sglang.sm120.tiny import tokenizer as tok_mod
 
     model = workdir / "tokenizer"
     model.mkdir(parents=True, exist_ok=True)
     tok_mod.save_tokenizer_files(tok_mod.build_tokenizer(512), str(model), 4096)
-    port = _free_port()
+    port = harness.free_port()
     log = open(workdir / "server.log", "w+")
     srv = subprocess.Popen([sys.executable, "-c", SERVER, str(port), str(step_ms)], stdout=log, stderr=subprocess.STDOUT)
     try:

@@ -203,7 +203,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--config", default="layerwise", choices=list(setup.CONFIGS))
     ap.add_argument("--minutes", type=float, default=10.0, help="length of the load phase (default 10)")
     ap.add_argument("--warmup-minutes", type=float, default=2.0,
-                    help="the same traffic first, not judged, until GPU memory is read as 'before' (default 2)")
+                    help="the same traffic first, not timed (its answers are judged), until GPU memory is read "
+                         "as 'before' (default 2)")
     ap.add_argument("--concurrency", type=int, default=1024)
     ap.add_argument("--malformed-share", type=float, default=0.02)
     ap.add_argument("--seed", type=int, default=0)
@@ -235,6 +236,10 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 TARGET_NAMES = ("server_crashes", "malformed_answered_4xx_with_message", "wellformed_completed",
                 "gpu_memory_drift_pct")
+
+
+def _unmet(why: str) -> dict:
+    return {k: _results.target(None, why, bool) for k in TARGET_NAMES}
 
 
 def soak_flags(a) -> List[str]:
@@ -269,7 +274,7 @@ def _save_progress(a, doc: dict, tally: Tally, t0: float, memory_series=None) ->
     doc["partial"] = {"elapsed_s": round(time.time() - t0, 1), "of_s": (a.minutes + a.warmup_minutes) * 60,
                       "wellformed": tally.summary(False), "malformed": tally.summary(True),
                       "connection_errors": tally.connection_errors, "memory_series_mib": memory_series}
-    doc["targets"] = {k: _results.target(None, "soak not finished", bool) for k in TARGET_NAMES}
+    doc["targets"] = _unmet("soak not finished")
     _save(a, doc)
 
 
@@ -345,7 +350,7 @@ def finish(a, doc: dict) -> None:
     if "soak" in doc:
         doc["targets"] = compute_targets(doc)
     else:
-        doc["targets"] = {k: _results.target(None, "soak did not finish", bool) for k in TARGET_NAMES}
+        doc["targets"] = _unmet("soak did not finish")
     _save(a, doc)
     print(f"[soak] wrote {_out(a)}")
     for k, v in doc["targets"].items():
@@ -365,7 +370,7 @@ def main(argv=None) -> int:
         srv = setup.start_server(a.config, a.model_dir, flags, workdir, a.startup_timeout)
     except setup.harness.ServerError as e:
         doc["server"]["error"] = str(e)[-3000:]
-        doc["targets"] = {k: _results.target(None, "server must start", bool) for k in TARGET_NAMES}
+        doc["targets"] = _unmet("server must start")
         _results.save(_out(a), doc)
         raise SystemExit(f"[soak] the server did not start; wrote {_out(a)}\n{e}")
     doc["server"]["ready_s"] = round(srv.ready_seconds, 1)

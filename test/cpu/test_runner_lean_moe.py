@@ -30,7 +30,6 @@ except ImportError:  # an installed fork that predates it shadows the checkout
     pytest.skip("the installed sglang.sm120 has no runner.lean_moe: build + install the checkout "
                 "(tools/run_tests.sh) or put a tree with it first on PYTHONPATH", allow_module_level=True)
 
-from sglang.sm120.runner import lean_moe  # noqa: E402
 from sglang.sm120.runner.boundary import StagingArena  # noqa: E402
 from sglang.sm120.runner.cpu_graph import RecordingGraph  # noqa: E402
 from sglang.sm120.runner.layerwise import capture_size  # noqa: E402

@@ -220,7 +220,7 @@ def build_plan(workspace: LeanWorkspace, layer, hidden_states, topk_ids) -> Lean
         reduce = "sum_compiled_helper"
     else:
         reduce = "sum_kernel"
-    dt, dev = hidden_states.dtype, hidden_states.device
+    dt = hidden_states.dtype
     i32 = torch.int32
     return LeanPlan(
         rows=rows, topk=topk, num_experts=E, n=N, config=config, down_config=down_config,
@@ -282,6 +282,9 @@ class LeanMoe:
     def __init__(self, device) -> None:
         self.workspace = LeanWorkspace(device)
         self._plans: Dict[tuple, LeanPlan] = {}
+        # layer_refusal per layer: what it reads is fixed once weights are loaded, and bind runs
+        # for every layer at every captured size, twice (probe and capture).
+        self._layer_refusals: Dict[int, Optional[str]] = {}
         self._logged: set = set()
         self.refusals: Dict[str, int] = {}
 
@@ -305,7 +308,9 @@ class LeanMoe:
             self._refuse("a FusedMoE.forward call with other arguments")
             return None
         hidden_states, topk_output = call
-        why = layer_refusal(owner) or call_refusal(owner, hidden_states, topk_output)
+        if id(owner) not in self._layer_refusals:
+            self._layer_refusals[id(owner)] = layer_refusal(owner)
+        why = self._layer_refusals[id(owner)] or call_refusal(owner, hidden_states, topk_output)
         if why is not None:
             self._refuse(why)
             return None
