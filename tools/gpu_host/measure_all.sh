@@ -26,6 +26,9 @@
 #   serving-soak both on fewer server starts: bench_serving_matrix.py --then-soak 10 soaks the
 #                layerwise server after its cells (and a configuration whose flags resolve to
 #                another's ServerArgs reports that server's cells instead of starting it again)  2700
+#   serving-tw4  serving-soak with the streaming path widened the same way for every server:
+#                4 tokenizer workers (upstream's --tokenizer-worker-num) and 4 bench_serving
+#                clients, so the GPU side rather than one Python process sets the c1024 figure  2700
 # Needs the fork importable (PYTHONPATH=/tmp/site:python on the H200 host) and, for fp4, the
 # kernel library built (kernels_check.sh does it; SGLANG_SM120_KERNEL_LIB points at it).
 # Every step's log is RESULTS/<step>.log; the queue's own lines go to stdout with timestamps.
@@ -33,11 +36,11 @@
 # results record the commit that was measured.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-[ $# -ge 1 ] || { sed -n '2,25p' "$0" >&2; exit 2; }
+[ $# -ge 1 ] || { sed -n '2,31p' "$0" >&2; exit 2; }
 RES=$(mkdir -p "$1" && cd "$1" && pwd); shift
 STEPS=("$@")
 [ ${#STEPS[@]} -gt 0 ] || STEPS=(fp4 runner moe-profile traps correctness eager-warmup)
-KNOWN="fp4 runner moe-profile traps correctness eager-warmup client-ceiling serving soak serving-diag serving-soak"
+KNOWN="fp4 runner moe-profile traps correctness eager-warmup client-ceiling serving soak serving-diag serving-soak serving-tw4"
 for s in "${STEPS[@]}"; do  # all checked before the first one starts
   case " $KNOWN " in *" $s "*) ;; *) echo "measure_all.sh: unknown step $s ($KNOWN)"; exit 2 ;; esac
 done
@@ -87,6 +90,10 @@ for s in "${STEPS[@]}"; do
     serving-soak)
       step serving-soak 2700 "$PY" benchmarks/bench_serving_matrix.py --tag h200 --then-soak 10 \
         --results-dir "$RES" --workdir "$RES/serving-work" --copy-to "$RES/serving-copy" ;;
+    serving-tw4)
+      step serving-tw4 2700 "$PY" benchmarks/bench_serving_matrix.py --tag h200-tw4 --then-soak 10 \
+        --client-procs 4 --server-args "--tokenizer-worker-num 4" --results-dir "$RES" \
+        --workdir "$RES/serving-work" --copy-to "$RES/serving-copy" ;;
     soak)
       step soak 1200 "$PY" benchmarks/soak.py --tag h200 --minutes 10 --results-dir "$RES" \
         --copy-to "$RES/soak-copy" ;;
