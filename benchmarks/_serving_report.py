@@ -149,12 +149,24 @@ def _resolved(facts: dict) -> str:
     return "; ".join(parts) or "-"
 
 
+def serving_path(doc: dict) -> str:
+    """How requests reached the servers: one tokenizer process or one client can cap a figure."""
+    w = doc.get("workload", {})
+    procs = w.get("client_procs", 1)
+    parts = [f"{procs} bench_serving client{'s' if procs > 1 else ''} per cell",
+             "streamed" if w.get("stream", True) else "not streamed"]
+    if w.get("server_args"):
+        parts.append(f"every server also given {w['server_args']}")
+    return ", ".join(parts)
+
+
 def render_md(doc: dict) -> str:
     w = doc.get("workload", {})
     m = doc.get("model", {})
     lines = [f"# Serving benchmark ({doc.get('tag')})", "",
              f"{doc.get('device', 'unknown device')}; commit {doc.get('commit', 'unknown')}; generated {doc.get('generated')}.",
-             f"Model: {m.get('description', '?')}. Workload: {w.get('description', '?')}.", "",
+             f"Model: {m.get('description', '?')}. Workload: {w.get('description', '?')}; "
+             f"{serving_path(doc)}.", "",
              "| config | concurrency | prompts | output tok/s | total tok/s | TTFT p50 / p99 ms | ITL p50 / p99 ms | GPU W median / max | server decode tok/s |",
              "|---|---|---|---|---|---|---|---|---|"]
     configs = [n for n in CONFIG_ORDER if n in doc.get("runs", {})]
@@ -218,8 +230,8 @@ def plot_png(doc: dict, path: Path) -> Path:
         ax.grid(True, alpha=0.3)
         ax.set_yscale("log")  # 1 to 1024 requests span two decades; ratios read the same everywhere
     axes.flat[0].legend()
-    fig.suptitle(f"{doc.get('model', {}).get('description', '')}\n{doc.get('device', '')}, commit "
-                 f"{str(doc.get('commit', ''))[:10]}", fontsize=9)
+    fig.suptitle(f"{doc.get('model', {}).get('description', '')}\n{serving_path(doc)}\n"
+                 f"{doc.get('device', '')}, commit {str(doc.get('commit', ''))[:10]}", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -133,7 +133,7 @@ def measure(a, doc: dict, out: Path) -> None:
         "description": f"bench_serving random-ids, {a.input_len} in + {a.output_len} out tokens, "
                        f"seed {a.seed}, greedy, ignore_eos, max(8, {a.waves} x concurrency) prompts",
         "input_len": a.input_len, "output_len": a.output_len, "seed": a.seed, "waves": a.waves,
-        "stream": a.stream, "client_procs": a.client_procs,
+        "stream": a.stream, "client_procs": a.client_procs, "server_args": a.server_args,
         "kv_tokens_needed_at_1024": kv_needed}
     doc.setdefault("invocations", []).append({"command": " ".join([os.path.basename(sys.executable), *sys.argv]),
                                               "when": _results.utc_now(), "commit": _results.commit()})
@@ -247,8 +247,8 @@ def check_same_setup(doc: dict, a, model: dict) -> None:
     """Cells merged into one file must share the workload and the model."""
     w = doc.get("workload")
     if w:
-        w = {"stream": True, "client_procs": 1, **w}  # files from before these options
-        for opt in ("input_len", "output_len", "seed", "waves", "stream", "client_procs"):
+        w = {"stream": True, "client_procs": 1, "server_args": "", **w}  # files from before these options
+        for opt in ("input_len", "output_len", "seed", "waves", "stream", "client_procs", "server_args"):
             if w.get(opt) != getattr(a, opt):
                 raise SystemExit(f"--{opt.replace('_', '-')}: {getattr(a, opt)} differs from the {w.get(opt)} "
                                  f"already in serving-{a.tag}.json (use another --tag)")

@@ -337,6 +337,8 @@ def test_invocations_with_config_subsets_accumulate_in_one_file(tmp_path, monkey
         "serving-p-layerwise.server.log", "serving-p.json", "serving-p.md", "serving-p.png"]
     with pytest.raises(SystemExit, match="--input-len"):
         matrix.main(common + ["--configs", "layerwise", "--input-len", "512"])
+    with pytest.raises(SystemExit, match="--server-args"):  # a wider streaming path is another experiment
+        matrix.main(common + ["--configs", "layerwise", "--server-args", "--tokenizer-worker-num 4"])
 
 
 def test_plot_only_redraws_png_and_md(tmp_path):
@@ -356,10 +358,16 @@ def test_plot_only_redraws_png_and_md(tmp_path):
     assert "| layerwise | 1024 | 2048/2048 | 9,500.0 | 19,000.0 | 850.0 / 1,500.0 | 23.80 / 41.00 | 410 / 520 |" in md
     assert "| output_tps_c1024_layerwise_vs_upstream_bs256 | 1.0497 | >= 1.15 | NO |" in md
     assert "measured 1.0497" in md
+    assert "; 1 bench_serving client per cell, streamed." in md
     assert "decode full max_bs 256 (36 sizes); prefill breakable max_bs 8192 (58 sizes); KV pool 1,050,000 tokens" in md
     assert json.loads(path.read_text())["targets"]["output_tps_c1024_layerwise_vs_upstream_bs256"]["met"] is False
     with pytest.raises(SystemExit, match="does not exist"):
         matrix.main(["--plot-only", str(tmp_path / "nope.json")])
+    doc["workload"].update(client_procs=4, server_args="--tokenizer-worker-num 4")
+    path.write_text(json.dumps(doc))
+    matrix.main(["--plot-only", str(path)])
+    assert ("4 bench_serving clients per cell, streamed, every server also given --tokenizer-worker-num 4."
+            in (tmp_path / "serving-x.md").read_text())
 
 
 # ----------------------------------------------------------------------------- GPU sampler
