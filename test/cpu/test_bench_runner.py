@@ -121,3 +121,14 @@ def test_lean_configuration_sets_its_env_and_has_a_host_time_target(bench, tmp_p
     lean = {"host_step": {"decode": [{"size": 1, "step_host_us": 80.0}, {"size": 1024, "step_host_us": 120.0}]}}
     t = bench.compute_targets({"layerwise_every_size_lean": lean})
     assert t["lean_eager_moe_host_us_per_layer_all_sizes"] == {"value": 120.0, "target": "<= 100", "met": False}
+
+
+def test_lean_prefill_configuration_is_judged_against_breakable(bench):
+    assert bench.CONFIG_ENV["layerwise_lean"] == {"SGLANG_SM120_LEAN_MOE": "1"}
+    assert bench.CONFIGS["layerwise_lean"] == bench.CONFIGS["layerwise"]  # same sizes, lean steps only
+    up = _run({}, {1024: 28.0, 4096: 60.0}, _cap(3.0, 0.6, 20.0, 0.7))
+    lean = _run({}, {1024: 27.0, 4096: 63.0}, _cap(3.5, 0.6, 9.0, 0.5))
+    t = bench.compute_targets({"upstream": up, "layerwise_lean": lean})
+    assert t["prefill_lean_vs_breakable_1024"] == {"value": round(27.0 / 28.0, 4), "target": "<= 1.0", "met": True}
+    assert t["prefill_lean_vs_breakable_4096"]["met"] is False
+    assert "prefill_vs_breakable_1024" not in t  # layerwise itself did not run

@@ -44,7 +44,7 @@ def test_serving_steps_run_only_when_named(tmp_path):
     default = tmp_path / "default"
     default.mkdir()
     proc, calls = run(default)  # no steps named: the default list, without the serving session
-    assert proc.returncode == 0 and len(calls) == 6
+    assert proc.returncode == 0 and len(calls) == 7
     assert not {c.split()[0] for c in calls} & {"benchmarks/bench_serving_matrix.py", "benchmarks/soak.py"}
 
 
@@ -61,3 +61,16 @@ def test_serving_diag_step_runs_one_server_with_four_clients_then_the_soak(tmp_p
     assert [c.split()[0] for c in calls] == ["benchmarks/client_ceiling.py", "benchmarks/bench_serving_matrix.py"]
     diag = calls[1]
     assert "--configs layerwise --concurrency 1024 --client-procs 4 --then-soak 10" in diag
+
+
+def test_lean_moe_step_runs_the_gpu_test_with_a_results_dir(tmp_path):
+    proc, calls = run(tmp_path, "lean-moe")
+    assert proc.returncode == 0 and len(calls) == 1
+    assert calls[0].startswith("-m pytest -m gpu") and "test/gpu/test_lean_moe.py" in calls[0]
+
+
+def test_serving_tw4_step_widens_the_streaming_path_for_every_server(tmp_path):
+    proc, calls = run(tmp_path, "serving-tw4")
+    assert proc.returncode == 0 and len(calls) == 1
+    assert "--client-procs 4" in calls[0] and "--server-args --tokenizer-worker-num 4" in calls[0]
+    assert "--then-soak 10" in calls[0] and "--tag h200-tw4" in calls[0]

@@ -476,3 +476,78 @@ def test_without_lean_the_boundary_is_unchanged(kernels):
     assert not any(getattr(s, "lean", False) for s in entry.graph.steps)
     entry.graph.replay()
     assert torch.equal(entry.output, _eager(model, static_x.clone()))
+
+
+# ------------------------------------------------------------------------------------------------
+# prefill: lean steps up to a token cap
+# ------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("raw, want", [(None, lean_moe.DEFAULT_PREFILL_CAP), ("", lean_moe.DEFAULT_PREFILL_CAP),
+                                       ("0", 0), ("1024", 1024), (" 2048 ", 2048)])
+def test_prefill_cap_from_the_environment(monkeypatch, raw, want):
+    if raw is None:
+        monkeypatch.delenv(lean_moe.PREFILL_CAP_ENV, raising=False)
+    else:
+        monkeypatch.setenv(lean_moe.PREFILL_CAP_ENV, raw)
+    assert lean_moe.lean_prefill_cap() == want
+
+
+@pytest.mark.parametrize("raw", ["-1", "4k", "1e3"])
+def test_a_bad_prefill_cap_is_an_error_naming_the_variable(monkeypatch, raw):
+    monkeypatch.setenv(lean_moe.PREFILL_CAP_ENV, raw)
+    with pytest.raises(ValueError, match=lean_moe.PREFILL_CAP_ENV):
+        lean_moe.lean_prefill_cap()
+
+
+def test_rows_above_the_cap_keep_upstreams_path(kernels, caplog):
+    layer = make_layer(topk=2)
+    lean = LeanMoe("cpu", max_rows=8)
+    with caplog.at_level(logging.INFO, logger=lean_moe.__name__):
+        assert lean.bind(layer, make_inputs(layer, 9), {}) is None
+        assert lean.bind(layer, make_inputs(layer, 8), {}) is not None
+    assert [r.getMessage() for r in caplog.records] == [
+        f"lean eager MoE: 9 rows, above the lean cap of 8 ({lean_moe.PREFILL_CAP_ENV}); upstream's MoE path runs there"]
+    assert lean.summary()["max_rows"] == 8 and lean.summary()["plans"] == 1
+
+
+def test_capped_capture_is_lean_only_at_or_below_the_cap(kernels):
+    model = ToyMoeModel()
+    static_x = torch.randn(12, 32).to(torch.bfloat16)
+    lean = LeanMoe("cpu", max_rows=8)
+    entries = {rows: _capture(model, static_x, rows, lean) for rows in (12, 8, 5)}  # largest first
+    for rows, entry in entries.items():
+        assert [getattr(s, "lean", False) for s in entry.graph.steps] == [rows <= 8] * 2
+        static_x.copy_(torch.randn(12, 32).to(torch.bfloat16))
+        entry.graph.replay()
+        assert torch.equal(entry.output, _eager(model, static_x[:rows].clone()))
+
+
+def _prefill_backend(monkeypatch, env):
+    pytest.importorskip("sglang.srt.model_executor.runner_backend.full_cuda_graph_backend")
+    from types import SimpleNamespace
+
+    from sglang.sm120.runner.backend import LayerwisePrefillBackend
+    from test_runner_backend import FakeDeviceModule, FakeTP
+
+    for k in (lean_moe.ENV, lean_moe.PREFILL_CAP_ENV):
+        monkeypatch.delenv(k, raising=False)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    runner = SimpleNamespace(device_module=FakeDeviceModule(), model_runner=SimpleNamespace(tp_group=FakeTP()),
+                             capture_num_tokens=[128, 1024, 8192], device="cpu")
+    return LayerwisePrefillBackend(runner)
+
+
+@pytest.mark.parametrize("env, want", [
+    ({}, None),                                                          # not requested
+    ({lean_moe.ENV: "1"}, lean_moe.DEFAULT_PREFILL_CAP),
+    ({lean_moe.ENV: "1", lean_moe.PREFILL_CAP_ENV: "1024"}, 1024),
+    ({lean_moe.ENV: "1", lean_moe.PREFILL_CAP_ENV: "0"}, None),          # lean decode, prefill off
+])
+def test_prefill_backend_takes_lean_steps_up_to_the_cap(monkeypatch, env, want):
+    backend = _prefill_backend(monkeypatch, env)
+    assert (None if backend.lean is None else backend.lean.max_rows) == want
+
+
+def test_prefill_backend_refuses_a_bad_cap(monkeypatch):
+    with pytest.raises(ValueError, match=lean_moe.PREFILL_CAP_ENV):
+        _prefill_backend(monkeypatch, {lean_moe.ENV: "1", lean_moe.PREFILL_CAP_ENV: "lots"})

@@ -2,10 +2,11 @@
 host time of one layer (the cost the layerwise runner pays per MoE layer per decode step).
 
 Shapes of Qwen3-30B-A3B (128 experts, hidden 2048, expert width 768, top-8, bf16) at decode
-batch sizes 1..1024. The layer is upstream's FusedMoE assembled by hand (test/cpu's helper); only
+batch sizes 1..1024 and at prefill buckets of 128..4096 tokens (the default lean prefill cap). The layer is upstream's FusedMoE assembled by hand (test/cpu's helper); only
 the parallel state its combine consults is stood in for. Host time: the mean wall time of a
 launch sequence without device syncs, after a warmup (Triton compiles), so it measures Python
-and launch cost; the GPU may queue behind. Writes lean-moe-host.json to SGLANG_SM120_RESULTS_DIR.
+and launch cost; the GPU may queue behind. Writes lean-moe-host-{decode,prefill}.json to
+SGLANG_SM120_RESULTS_DIR.
 """
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ import torch
 pytestmark = pytest.mark.gpu
 
 E, H, INTER, TOPK = 128, 2048, 768, 8
-SIZES = [1, 8, 64, 256, 512, 1024]
+SIZES = {"decode": [1, 8, 64, 256, 512, 1024], "prefill": [128, 1024, 4096]}
 REPS = 200
 TARGET_US = 100.0
 
@@ -63,14 +64,15 @@ def _host_us(fn) -> float:
     return spent / REPS * 1e6
 
 
-def test_lean_equals_upstream_and_host_time(lean_env):
+@pytest.mark.parametrize("phase", sorted(SIZES))
+def test_lean_equals_upstream_and_host_time(lean_env, phase):
     from sglang.srt.layers.moe.fused_moe_triton.layer import FusedMoE
 
     h_ = lean_env
     layer = h_.make_layer(E=E, H=H, inter=INTER, topk=TOPK, device="cuda")
-    lean = h_.LeanMoe("cuda")
+    lean = h_.LeanMoe("cuda", max_rows=None if phase == "decode" else h_.lean_moe.DEFAULT_PREFILL_CAP)
     rows_out = []
-    for rows in sorted(SIZES, reverse=True):  # largest first, as the runner captures
+    for rows in sorted(SIZES[phase], reverse=True):  # largest first, as the runner captures
         hidden, topk = h_.make_inputs(layer, rows)
         bound = lean.bind(layer, (hidden,), {"topk_output": topk})
         assert bound is not None, lean.refusals
@@ -83,15 +85,20 @@ def test_lean_equals_upstream_and_host_time(lean_env):
         up_us = _host_us(lambda: FusedMoE.forward(layer, staged.copy_(hidden), topk))
         lean_us = _host_us(step)
         rows_out.append({"rows": rows, "upstream_us": round(up_us, 1), "lean_us": round(lean_us, 1)})
-        print(f"[lean-moe] rows {rows:5d}: upstream {up_us:7.1f} us, lean {lean_us:7.1f} us per layer",
+        print(f"[lean-moe] {phase} rows {rows:5d}: upstream {up_us:7.1f} us, lean {lean_us:7.1f} us per layer",
               flush=True)
     worst = max(r["lean_us"] for r in rows_out)
-    doc = {"device": torch.cuda.get_device_name(), "shapes": dict(E=E, H=H, inter=INTER, topk=TOPK),
+    faster = all(r["lean_us"] < r["upstream_us"] for r in rows_out)
+    targets = {"lean_faster_than_upstream_every_size": {"value": faster, "target": "== true", "met": faster}}
+    if phase == "decode":  # the issue's host-time target is for decode
+        targets["lean_host_us_per_layer_max"] = {"value": worst, "target": f"<= {TARGET_US:g}", "met": worst <= TARGET_US}
+    doc = {"targets": targets, "device": torch.cuda.get_device_name(), "phase": phase,
+           "shapes": dict(E=E, H=H, inter=INTER, topk=TOPK),
            "reps": REPS, "sizes": rows_out, "workspace_bytes": lean.workspace.nbytes,
-           "target_us": TARGET_US, "target_met": worst <= TARGET_US,
-           "note": "upstream_us includes one staging copy (what the boundary's upstream step pays)"}
+           "note": "bit-equal to upstream at every size (asserted before this file is written); "
+                   "upstream_us includes one staging copy (what the boundary's upstream step pays)"}
     out_dir = os.environ.get("SGLANG_SM120_RESULTS_DIR")
     if out_dir:
-        with open(os.path.join(out_dir, "lean-moe-host.json"), "w") as f:
+        with open(os.path.join(out_dir, f"lean-moe-host-{phase}.json"), "w") as f:
             json.dump(doc, f, indent=1)
-    assert all(r["lean_us"] < r["upstream_us"] for r in rows_out), rows_out
+    assert faster, rows_out

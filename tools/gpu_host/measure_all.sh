@@ -6,8 +6,10 @@
 #   bash tools/gpu_host/bg.sh wait measure 560       # in each following call; then copy RESULTS
 #
 # Steps, in the default order (most wanted figures first; each has its own time cap in seconds):
+#   lean-moe     test_lean_moe.py: the lean eager MoE vs upstream's on real Triton kernels, bit for
+#                bit, and its host time per layer (decode and prefill rows)                      300
 #   fp4          benchmarks/bench_fp4_gemm.py (ours plain/PDL vs bf16 vs Marlin, split sweep)   300
-#   runner       benchmarks/bench_runner.py, all four configurations, saved after each          2000
+#   runner       benchmarks/bench_runner.py, every configuration, saved after each               2000
 #   moe-profile  bench_runner.py --profile-eager-moe: cProfile of the eager MoE steps (bs 64)     300
 #   traps        test_layerwise_traps.py, -k $TRAPS_K (default: qwen3_moe, bf16 and nvfp4)      600
 #   correctness  quick grid of test_layerwise_correctness.py, -k $CORRECTNESS_K (default: what
@@ -36,11 +38,11 @@
 # results record the commit that was measured.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-[ $# -ge 1 ] || { sed -n '2,31p' "$0" >&2; exit 2; }
+[ $# -ge 1 ] || { sed -n '2,33p' "$0" >&2; exit 2; }
 RES=$(mkdir -p "$1" && cd "$1" && pwd); shift
 STEPS=("$@")
-[ ${#STEPS[@]} -gt 0 ] || STEPS=(fp4 runner moe-profile traps correctness eager-warmup)
-KNOWN="fp4 runner moe-profile traps correctness eager-warmup client-ceiling serving soak serving-diag serving-soak serving-tw4"
+[ ${#STEPS[@]} -gt 0 ] || STEPS=(lean-moe fp4 runner moe-profile traps correctness eager-warmup)
+KNOWN="lean-moe fp4 runner moe-profile traps correctness eager-warmup client-ceiling serving soak serving-diag serving-soak serving-tw4"
 for s in "${STEPS[@]}"; do  # all checked before the first one starts
   case " $KNOWN " in *" $s "*) ;; *) echo "measure_all.sh: unknown step $s ($KNOWN)"; exit 2 ;; esac
 done
@@ -59,6 +61,9 @@ step() {  # step NAME CAP CMD...
 }
 for s in "${STEPS[@]}"; do
   case "$s" in
+    lean-moe)
+      SGLANG_SM120_RESULTS_DIR="$RES" step lean-moe 300 "$PY" -m pytest -m gpu -q -p no:cacheprovider \
+        test/gpu/test_lean_moe.py -s ;;
     fp4) step fp4 300 "$PY" benchmarks/bench_fp4_gemm.py --max-seconds 200 --results-dir "$RES" ;;
     runner)
       step runner 2000 "$PY" benchmarks/bench_runner.py --tag h200 --timeout 480 --results-dir "$RES" \

@@ -34,7 +34,7 @@ from . import boundary
 from .boundary import CaptureSession, ProbeSession, StagingArena
 from .layerwise import LayerwiseEntry, SizeCapturer, capture_size, host_step_stats, is_oom
 from .lean_moe import ENV as LEAN_MOE_ENV
-from .lean_moe import LeanMoe, lean_moe_requested
+from .lean_moe import PREFILL_CAP_ENV, LeanMoe, lean_moe_requested, lean_prefill_cap
 from .segments import cuda_graph_factory
 
 logger = logging.getLogger(__name__)
@@ -81,7 +81,8 @@ class _LayerwiseCommon:
     mode: str
     phase: str
 
-    def _lw_init(self, runner, *, phase: str, capacity_rows: int, full_max_bs: int, lean: bool = False) -> None:
+    def _lw_init(self, runner, *, phase: str, capacity_rows: int, full_max_bs: int, lean: bool = False,
+                 lean_max_rows: Optional[int] = None) -> None:
         self.mode = "warm"
         self.phase = phase
         self._runner = runner
@@ -93,9 +94,10 @@ class _LayerwiseCommon:
         self._timing = _timing_enabled()
         self.graph_factory = cuda_graph_factory  # tests inject a CPU emulator
         self._warm_oom: Optional[int] = None
-        self.lean: Optional[LeanMoe] = LeanMoe(runner.device) if lean else None
+        self.lean: Optional[LeanMoe] = LeanMoe(runner.device, lean_max_rows) if lean else None
         if lean:
-            logger.info("layerwise %s: lean eager MoE requested (%s=1)", phase, LEAN_MOE_ENV)
+            cap = "" if lean_max_rows is None else f", batches up to {lean_max_rows} tokens ({PREFILL_CAP_ENV})"
+            logger.info("layerwise %s: lean eager MoE requested (%s=1%s)", phase, LEAN_MOE_ENV, cap)
 
     # -- helpers -------------------------------------------------------------------------------
     def _sync_barrier(self) -> None:
@@ -233,8 +235,6 @@ class LayerwiseDecodeBackend(_LayerwiseCommon, FullCudaGraphBackend):
             phase="decode",
             capacity_rows=max(cuda_graph_runner.capture_bs) * width,
             full_max_bs=full_max_bs,
-            # Decode only: host time is what decode is short of; prefill's buckets would make the
-            # shared workspace ~8x larger for little gain.
             lean=lean_moe_requested(),
         )
 
@@ -260,11 +260,16 @@ class LayerwisePrefillBackend(_LayerwiseCommon, FullCudaGraphBackend):
 
     def __init__(self, cuda_graph_runner, *, enable_memory_saver: bool = False):
         FullCudaGraphBackend.__init__(self, cuda_graph_runner, enable_memory_saver=enable_memory_saver)
+        # Lean MoE steps only up to a token cap: the workspace is sized by the largest bucket
+        # that gets them, and host time matters less the more tokens a step carries.
+        cap = lean_prefill_cap() if lean_moe_requested() else 0
         self._lw_init(
             cuda_graph_runner,
             phase="prefill",
             capacity_rows=max(cuda_graph_runner.capture_num_tokens),
             full_max_bs=0,
+            lean=cap > 0,
+            lean_max_rows=cap,
         )
 
     def _planned_sizes(self):

@@ -10,9 +10,11 @@ layer runs at a time, on one stream); at each step the same kernel entry points 
 same arguments, and the combine writes straight into the boundary's output buffer.
 
 Only the unquantized Triton path is taken, and only where it is the path upstream would take
-(`refusal` says why not, logged once per reason). Opt-in: SGLANG_SM120_LEAN_MOE=1. The
-boundary (ProbeSession) runs both paths on the warmup inputs of every size and keeps this one
-only where the results are torch.equal.
+(`refusal` says why not, logged once per reason). Opt-in: SGLANG_SM120_LEAN_MOE=1, for decode
+and for the captured-attention prefill buckets up to SGLANG_SM120_LEAN_MOE_PREFILL_TOKENS
+(default 4096): the workspace grows with the rows (~290 MB at 4096 tokens, Qwen3-30B shapes).
+The boundary (ProbeSession) runs both paths on the warmup inputs of every size and keeps this
+one only where the results are torch.equal.
 """
 from __future__ import annotations
 
@@ -27,10 +29,26 @@ import torch
 logger = logging.getLogger(__name__)
 
 ENV = "SGLANG_SM120_LEAN_MOE"
+PREFILL_CAP_ENV = "SGLANG_SM120_LEAN_MOE_PREFILL_TOKENS"
+DEFAULT_PREFILL_CAP = 4096
 
 
 def lean_moe_requested() -> bool:
     return os.environ.get(ENV, "") == "1"
+
+
+def lean_prefill_cap() -> int:
+    """Largest prefill bucket (tokens) given lean steps; 0 turns lean prefill off."""
+    raw = os.environ.get(PREFILL_CAP_ENV, "").strip()
+    if not raw:
+        return DEFAULT_PREFILL_CAP
+    try:
+        cap = int(raw)
+    except ValueError:
+        cap = -1
+    if cap < 0:
+        raise ValueError(f"{PREFILL_CAP_ENV}={raw!r}: expected a token count >= 0 (0 turns lean prefill off)")
+    return cap
 
 
 def _upstream():
@@ -279,7 +297,8 @@ def launch_calls(plan: LeanPlan, layer, hidden_states, topk_weights, topk_ids, o
 class LeanMoe:
     """Plans and workspace of one capture backend; `bind` makes the eager step of one island."""
 
-    def __init__(self, device) -> None:
+    def __init__(self, device, max_rows: Optional[int] = None) -> None:
+        self.max_rows = max_rows  # larger calls keep upstream's path (the workspace grows with rows)
         self.workspace = LeanWorkspace(device)
         self._plans: Dict[tuple, LeanPlan] = {}
         # layer_refusal per layer: what it reads is fixed once weights are loaded, and bind runs
@@ -311,6 +330,8 @@ class LeanMoe:
         if id(owner) not in self._layer_refusals:
             self._layer_refusals[id(owner)] = layer_refusal(owner)
         why = self._layer_refusals[id(owner)] or call_refusal(owner, hidden_states, topk_output)
+        if why is None and self.max_rows is not None and hidden_states.shape[0] > self.max_rows:
+            why = f"{hidden_states.shape[0]} rows, above the lean cap of {self.max_rows} ({PREFILL_CAP_ENV})"
         if why is not None:
             self._refuse(why)
             return None
@@ -328,7 +349,7 @@ class LeanMoe:
 
     def summary(self) -> Dict[str, Any]:
         return {"plans": len(self._plans), "workspace_bytes": self.workspace.nbytes,
-                "refusals": dict(self.refusals)}
+                "max_rows": self.max_rows, "refusals": dict(self.refusals)}
 
 
 def _make_lean_step(plan, owner, hidden_states, tw, ti, out):
