@@ -252,6 +252,27 @@ def compute_targets(runs: Dict[str, dict]) -> Dict[str, dict]:
     return t
 
 
+def capture_time_lines(runs: Dict[str, dict], names: List[str]) -> List[str]:
+    """Where layerwise capture time went (the runner's size_timings): the warm pass's forwards (in
+    upstream's constructor, so inside its logged elapsed), the probe forward and the captured
+    forward with instantiation. Prefill per bucket, decode summed over its sizes."""
+    rows = []
+    for n in names:
+        for phase in ("prefill", "decode"):
+            timings = runs[n].get("capture", {}).get("layerwise", {}).get(phase, {}).get("size_timings")
+            if not timings:
+                continue
+            groups = [(k, [v]) for k, v in timings.items()] if phase == "prefill" else [
+                (f"{len(timings)} sizes", list(timings.values()))]
+            for label, ts in groups:
+                cells = [f"{sum(t.get(k, 0.0) for t in ts):.3f}" for k in ("warm_s", "probe_s", "capture_s")]
+                rows.append(f"| {n} | {phase} | {label} | " + " | ".join(cells) + " |")
+    if not rows:
+        return []
+    return ["", "## Layerwise capture time by step (s)", "",
+            "| config | phase | size | warm pass | probe forward | captured forward |", "|---|---|---|---|---|---|", *rows]
+
+
 def render_md(result: dict) -> str:
     runs = result["runs"]
     names = [n for n in CONFIGS if n in runs]
@@ -272,6 +293,7 @@ def render_md(result: dict) -> str:
     for n in names:
         c = runs[n]["capture_totals"]
         lines.append(f"| {n} | {c['prefill']['capture_s']} | {c['prefill']['graph_mem_gb']} | {c['decode']['capture_s']} | {c['decode']['graph_mem_gb']} |")
+    lines += capture_time_lines(runs, names)
     lines += ["", "## Targets", "", "| target | value | threshold | met |", "|---|---|---|---|"]
     for k, v in result["targets"].items():
         lines.append(f"| {k} | {v['value']} | {v['target']} | {'yes' if v['met'] else 'NO'}"

@@ -132,3 +132,15 @@ def test_lean_prefill_configuration_is_judged_against_breakable(bench):
     assert t["prefill_lean_vs_breakable_1024"] == {"value": round(27.0 / 28.0, 4), "target": "<= 1.0", "met": True}
     assert t["prefill_lean_vs_breakable_4096"]["met"] is False
     assert "prefill_vs_breakable_1024" not in t  # layerwise itself did not run
+
+
+def test_capture_time_by_step_in_the_md(bench):
+    rep = {"prefill": {"size_timings": {"128": {"warm_s": 0.1, "probe_s": 0.05, "capture_s": 0.2},
+                                        "4096": {"warm_s": 0.3, "probe_s": 0.1, "capture_s": 0.4}}},
+           "decode": {"size_timings": {"1": {"warm_s": 0.01}, "512": {"warm_s": 0.02, "probe_s": 0.01, "capture_s": 0.03}}}}
+    runs = {"layerwise": {"capture": {"layerwise": rep}}, "upstream": {"capture": {"layerwise": {}}}}
+    lines = bench.capture_time_lines(runs, ["upstream", "layerwise"])
+    assert "| layerwise | prefill | 4096 | 0.300 | 0.100 | 0.400 |" in lines
+    assert "| layerwise | decode | 2 sizes | 0.030 | 0.010 | 0.030 |" in lines
+    assert not any("| upstream |" in line for line in lines)
+    assert bench.capture_time_lines({"upstream": {"capture": {}}}, ["upstream"]) == []

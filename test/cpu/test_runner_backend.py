@@ -270,3 +270,22 @@ def test_deferred_capture_warms_first_and_captures_under_armed_traps(monkeypatch
         traps.disarm()
         traps.clear_violations()
         startup._PENDING.clear()
+
+
+def test_report_times_each_size_warm_probe_and_capture():
+    model = ToyModel(layers=2)
+    for layer in model.layers:
+        layer.experts.__class__ = DenseMoE
+    sizes = [1, 2, 4, 8]
+    backend, static_ids = _make(model, sizes, full_max_bs=2)
+    with backend.capture_session(None):  # warm pass, as upstream's runner constructor runs it
+        for size in sorted(sizes, reverse=True):
+            backend.capture_one(ShapeKey(size=size), lambda s=size: model(static_ids[:s]))
+    _capture_all(backend, model, static_ids, sizes)
+    timings = backend.report()["size_timings"]
+    assert list(timings) == ["1", "2", "4", "8"]
+    for size in ("4", "8"):  # layerwise sizes: warm pass, probe forward, captured forward
+        assert set(timings[size]) == {"warm_s", "probe_s", "capture_s"}
+        assert all(v >= 0 for v in timings[size].values())
+    for size in ("1", "2"):  # full graphs: upstream's capture, only the warm pass is ours
+        assert set(timings[size]) == {"warm_s"}

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from typing import Any, Callable, Dict, Optional
 
 import torch
@@ -94,6 +95,8 @@ class _LayerwiseCommon:
         self._timing = _timing_enabled()
         self.graph_factory = cuda_graph_factory  # tests inject a CPU emulator
         self._warm_oom: Optional[int] = None
+        # wall seconds per size: the warm pass's forwards, the capture pass's probe and capture
+        self.size_timings: Dict[int, Dict[str, float]] = {}
         self.lean: Optional[LeanMoe] = LeanMoe(runner.device, lean_max_rows) if lean else None
         if lean:
             cap = "" if lean_max_rows is None else f", batches up to {lean_max_rows} tokens ({PREFILL_CAP_ENV})"
@@ -113,6 +116,7 @@ class _LayerwiseCommon:
         return bool(flag.item())
 
     def _warm(self, size: int, forward_fn: Callable[[], Any], post_warmup_hook) -> None:
+        t0 = time.perf_counter()
         try:
             for _ in range(WARM_FORWARDS):
                 self._sync_barrier()
@@ -125,6 +129,7 @@ class _LayerwiseCommon:
                 raise
             failed = True
             logger.warning("layerwise %s: out of memory warming size %d: %s", self.phase, size, e)
+        self.size_timings.setdefault(size, {})["warm_s"] = round(time.perf_counter() - t0, 4)
         if self._agree(failed):
             torch.cuda.empty_cache()
             self._warm_oom = min(size, self._warm_oom or size)
@@ -151,6 +156,7 @@ class _LayerwiseCommon:
             stream=self._capture_stream,
             track_side_streams=self._capture_stream is not None,
             lean=self.lean,
+            timings=self.size_timings.setdefault(size, {}),
         )
 
     def _release(self, size: int) -> None:
@@ -216,6 +222,7 @@ class _LayerwiseCommon:
             phase=self.phase,
             segments_per_size=max(segs) if segs else 0,
             staging_bytes=self.arena.nbytes,
+            size_timings={str(k): v for k, v in sorted(self.size_timings.items())},
         )
         if self.lean is not None:
             lean_steps = sum(getattr(s, "lean", False) for e in self.entries.values() for s in e.graph.steps)

@@ -9,6 +9,7 @@ one). No sglang imports: the sglang glue passes callables in, which keeps this t
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
@@ -42,6 +43,7 @@ def capture_size(
     stream=None,
     track_side_streams: bool = False,
     lean=None,
+    timings: Optional[Dict[str, float]] = None,
 ) -> LayerwiseEntry:
     """Warm up (eager, recording every eager island) and capture one size as segments.
 
@@ -51,10 +53,13 @@ def capture_size(
     before_capture: e.g. device sync, called once right before the first segment opens.
     lean: a lean_moe.LeanMoe: islands whose lean step matched upstream's in the last warmup
         become lean steps.
+    timings: filled with probe_s (the warmup forwards) and capture_s (the captured forward,
+        instantiation included), wall seconds: where a size's capture time goes.
     """
     if warmups < 1:
         raise ValueError("capture_size needs at least one warmup forward to probe eager islands")
     records: List[ProbeRecord] = []
+    t0 = time.perf_counter()
     for _ in range(warmups):
         records = []
         if before_warmup is not None:
@@ -65,6 +70,7 @@ def capture_size(
             post_warmup_hook()
     if before_capture is not None:
         before_capture()
+    t1 = time.perf_counter()
     graph = SegmentedGraph()
     with SegmentCapture(
         graph,
@@ -74,6 +80,8 @@ def capture_size(
         track_side_streams=track_side_streams,
     ) as cap, CaptureSession(arena, records, cap, lean):
         output = forward_fn()
+    if timings is not None:
+        timings.update(probe_s=round(t1 - t0, 4), capture_s=round(time.perf_counter() - t1, 4))
     return LayerwiseEntry(graph=graph, output=output, islands=len(records))
 
 
