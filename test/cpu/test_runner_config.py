@@ -324,3 +324,15 @@ def test_server_args_enable_piecewise_selects_layerwise_for_both_phases(scenario
     r = scenarios["alias"]
     assert r["prefill"]["backend"] == "layerwise" and r["decode"]["backend"] == "layerwise"
     assert r["dynamo_free"] == "1"
+
+
+def test_a_malformed_lean_prefill_cap_fails_at_server_args_time(monkeypatch):
+    from sglang.sm120.runner import lean_moe
+
+    monkeypatch.setenv(lean_moe.ENV, "1")
+    monkeypatch.setenv(lean_moe.PREFILL_CAP_ENV, "4k")
+    with pytest.raises(ValueError, match=lean_moe.PREFILL_CAP_ENV):
+        C.finalize(_args())
+    C.finalize(_args(prefill="disabled"))  # no layerwise prefill: the cap is not read
+    monkeypatch.setenv(lean_moe.PREFILL_CAP_ENV, "2048")
+    assert C.finalize(_args()).prefill is not None

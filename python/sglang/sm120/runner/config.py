@@ -19,6 +19,7 @@ import os
 from dataclasses import dataclass
 from typing import Any, List, Optional
 
+from .lean_moe import lean_moe_requested, lean_prefill_cap
 from .sizes import (
     LAYERWISE_DECODE_MAX_BS,
     DecodePlan,
@@ -283,6 +284,8 @@ def finalize(sa) -> Optional[Resolution]:
         pre.bs = list(prefill_plan.buckets)
         pre.max_bs = max(prefill_plan.buckets)
         pre.full_prefill_max_req = prefill_plan.req_slots
+        if lean_moe_requested():
+            lean_prefill_cap()  # a malformed cap fails here, before the model loads
 
     if decode_plan or prefill_plan:
         _set_env(DYNAMO_FREE_ENV, "1")
