@@ -92,7 +92,7 @@ def merge_records(recs: List[dict]) -> dict:
     duration = max(r["duration"] for r in recs)
     tin = sum(r["total_input_tokens"] for r in recs)
     tout = sum(r["total_output_tokens"] for r in recs)
-    merged = {
+    return {
         "completed": sum(r["completed"] for r in recs), "duration": duration,
         "total_input_tokens": tin, "total_output_tokens": tout,
         "request_throughput": sum(r["completed"] for r in recs) / duration,
@@ -104,4 +104,3 @@ def merge_records(recs: List[dict]) -> dict:
         "clients": [{k: r.get(k) for k in ("completed", "duration", "output_throughput", "max_concurrency")}
                     for r in recs],
     }
-    return merged

@@ -30,7 +30,6 @@ CONFIGS: Dict[str, List[str]] = {
     # the fork's runner in both phases (--enable-piecewise-cuda-graph selects the same)
     "layerwise": ["--cuda-graph-backend-decode", "layerwise", "--cuda-graph-backend-prefill", "layerwise"],
 }
-# /server_info keys worth keeping with each result (resolved graph config, pool size, limits).
 # ServerArgs fields that only feed the resolved cuda_graph_config: nothing under sglang/srt reads
 # them once server_args.py has folded them in (a CPU test checks that on the installed upstream).
 # Two configurations that differ only there launch the same server.
@@ -43,6 +42,7 @@ from sglang.srt.server_args import prepare_server_args
 args = prepare_server_args(sys.argv[1:])
 print("RESOLVED " + json.dumps(dataclasses.asdict(args), default=repr, sort_keys=True))
 """
+# /server_info keys worth keeping with each result (resolved graph config, pool size, limits).
 SERVER_FACTS = ("version", "cuda_graph_config", "cuda_graph_max_bs_decode", "max_running_requests",
                 "chunked_prefill_size", "mem_fraction_static", "max_total_num_tokens",
                 "max_req_input_len", "context_length", "attention_backend", "disable_radix_cache")

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Layerwise CUDA-graph runner vs upstream, side by side on one GPU (Qwen3-30B-A3B shapes).
 
-One run measures four configurations with upstream's one-batch benchmark
+One run measures seven configurations with upstream's one-batch benchmark
 (`python -m sglang.benchmark.one_batch`, model built in-process, `--load-format dummy`, bf16,
 FlashInfer attention, 128-token prompts, 8 output tokens; every batch size PASSES = 3 times, the
 median reported, every sample kept):
@@ -13,6 +13,10 @@ median reported, every sample kept):
   layerwise_every_size  the same with --cuda-graph-layerwise-every-size
   layerwise_every_size_256  every size layerwise, upstream's decode sizes (<= 256): graph memory
                         for the same sizes as upstream's full graphs
+  layerwise_every_size_lean  every decode size layerwise with the lean eager MoE
+                        (SGLANG_SM120_LEAN_MOE=1): its host time per layer
+  layerwise_lean        layerwise's sizes with the lean eager MoE in decode and in the prefill
+                        buckets: prefill against breakable
 
 Decode step latency at bs {1, 8, 64, 256, 512, 1024}; prefill latency at 128/1024/4096 tokens
 (bs 1/8/32 x 128); capture time and graph memory from the capture logs; host time per eager MoE

@@ -312,7 +312,7 @@ def run_soak(a, srv, model: dict, doc: dict) -> None:
             srv.url, plan.next, a.concurrency, a.minutes * 60, a.drain_timeout, tally, progress_s=30,
             on_tick=lambda: _save_progress(a, doc, tally, t0, gpu.memory_series(m0)),
             warmup_s=a.warmup_minutes * 60, warm_tally=warm,
-            on_warm_end=warm_end if a.warmup_minutes > 0 else None))
+            on_warm_end=warm_end))
     mem_before = mem["before"]
     elapsed = time.time() - t0 - a.warmup_minutes * 60
     time.sleep(5)
@@ -371,7 +371,7 @@ def main(argv=None) -> int:
     except setup.harness.ServerError as e:
         doc["server"]["error"] = str(e)[-3000:]
         doc["targets"] = _unmet("server must start")
-        _results.save(_out(a), doc)
+        _save(a, doc)
         raise SystemExit(f"[soak] the server did not start; wrote {_out(a)}\n{e}")
     doc["server"]["ready_s"] = round(srv.ready_seconds, 1)
     try:
