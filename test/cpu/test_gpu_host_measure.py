@@ -1,6 +1,8 @@
 """tools/gpu_host/measure_all.sh: steps in order, each logged, a failed step does not stop the queue."""
 import os
 import subprocess
+
+import pytest
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -14,7 +16,7 @@ def run(tmp_path, *steps, fail=""):
                     'case "$*" in *"$FAIL"*) [ -n "$FAIL" ] && { echo "1 failed"; exit 1; } ;; esac\n'
                     'echo "1 passed"\n')
     fake.chmod(0o755)
-    env = dict(os.environ, PYTHON=str(fake), CALLS=str(tmp_path / "calls"), FAIL=fail)
+    env = dict(os.environ, PYTHON=str(fake), NCU=str(fake), CALLS=str(tmp_path / "calls"), FAIL=fail)
     proc = subprocess.run(["bash", str(SCRIPT), str(tmp_path / "res"), *steps], env=env,
                           capture_output=True, text=True, timeout=60)
     calls = (tmp_path / "calls").read_text().splitlines() if (tmp_path / "calls").exists() else []
@@ -44,7 +46,7 @@ def test_serving_steps_run_only_when_named(tmp_path):
     default = tmp_path / "default"
     default.mkdir()
     proc, calls = run(default)  # no steps named: the default list, without the serving session
-    assert proc.returncode == 0 and len(calls) == 7
+    assert proc.returncode == 0 and len(calls) == 8
     assert not {c.split()[0] for c in calls} & {"benchmarks/bench_serving_matrix.py", "benchmarks/soak.py"}
 
 
@@ -74,3 +76,29 @@ def test_serving_tw4_step_widens_the_streaming_path_for_every_server(tmp_path):
     assert proc.returncode == 0 and len(calls) == 1
     assert "--client-procs 4" in calls[0] and "--server-args --tokenizer-worker-num 4" in calls[0]
     assert "--then-soak 10" in calls[0] and "--tag h200-tw4" in calls[0]
+
+
+def test_ncu_step_profiles_the_w4a16_cases_with_the_clocks_left_alone(tmp_path):
+    proc, calls = run(tmp_path, "fp4-ncu")
+    assert proc.returncode == 0, proc.stdout
+    assert len(calls) == 1 and calls[0].startswith("--clock-control none --profile-from-start off")
+    assert "tools/gpu_host/profile_w4a16.py" in calls[0]
+    assert "--log-file " + str(tmp_path / "res" / "fp4-ncu.txt") in calls[0]
+
+
+def test_ncu_step_fails_plainly_without_ncu(tmp_path):
+    fake = tmp_path / "python"
+    fake.write_text("#!/bin/sh\necho 1 passed\n")
+    fake.chmod(0o755)
+    env = dict(os.environ, PYTHON=str(fake), NCU="", PATH="/usr/bin:/bin")
+    proc = subprocess.run(["bash", str(SCRIPT), str(tmp_path / "res"), "fp4-ncu"], env=env,
+                          capture_output=True, text=True, timeout=60)
+    if "no ncu" not in proc.stdout:
+        pytest.skip("this machine has an ncu on the searched paths")
+    assert proc.returncode == 1 and "failed steps: fp4-ncu" in proc.stdout
+
+
+def test_usage_prints_the_whole_header(tmp_path):
+    proc = subprocess.run(["bash", str(SCRIPT)], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert "fp4-ncu" in proc.stderr and "serving-tw4" in proc.stderr and "set -uo" not in proc.stderr

@@ -9,6 +9,9 @@
 #   lean-moe     test_lean_moe.py: the lean eager MoE vs upstream's on real Triton kernels, bit for
 #                bit, and its host time per layer (decode and prefill rows)                      300
 #   fp4          benchmarks/bench_fp4_gemm.py (ours plain/PDL vs bf16 vs Marlin, split sweep)   300
+#   fp4-ncu      Nsight Compute on one launch per case of tools/gpu_host/profile_w4a16.py (W4A16
+#                at M 1/16 with the default and the 0.5x-SMs split plans, cuBLAS bf16 beside them):
+#                stall reasons, occupancy, DRAM throughput -> RESULTS/fp4-ncu.txt               300
 #   runner       benchmarks/bench_runner.py, every configuration, saved after each               2000
 #   moe-profile  bench_runner.py --profile-eager-moe: cProfile of the eager MoE steps (bs 64)     300
 #   traps        test_layerwise_traps.py, -k $TRAPS_K (default: qwen3_moe, bf16 and nvfp4)      600
@@ -38,11 +41,11 @@
 # results record the commit that was measured.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-[ $# -ge 1 ] || { sed -n '2,33p' "$0" >&2; exit 2; }
+[ $# -ge 1 ] || { sed -n '2,/^set -uo/p' "$0" | sed '$d' >&2; exit 2; }
 RES=$(mkdir -p "$1" && cd "$1" && pwd); shift
 STEPS=("$@")
-[ ${#STEPS[@]} -gt 0 ] || STEPS=(lean-moe fp4 runner moe-profile traps correctness eager-warmup)
-KNOWN="lean-moe fp4 runner moe-profile traps correctness eager-warmup client-ceiling serving soak serving-diag serving-soak serving-tw4"
+[ ${#STEPS[@]} -gt 0 ] || STEPS=(lean-moe fp4 fp4-ncu runner moe-profile traps correctness eager-warmup)
+KNOWN="lean-moe fp4 fp4-ncu runner moe-profile traps correctness eager-warmup client-ceiling serving soak serving-diag serving-soak serving-tw4"
 for s in "${STEPS[@]}"; do  # all checked before the first one starts
   case " $KNOWN " in *" $s "*) ;; *) echo "measure_all.sh: unknown step $s ($KNOWN)"; exit 2 ;; esac
 done
@@ -65,6 +68,16 @@ for s in "${STEPS[@]}"; do
       SGLANG_SM120_RESULTS_DIR="$RES" step lean-moe 300 "$PY" -m pytest -m gpu -q -p no:cacheprovider \
         test/gpu/test_lean_moe.py -s ;;
     fp4) step fp4 300 "$PY" benchmarks/bench_fp4_gemm.py --max-seconds 200 --results-dir "$RES" ;;
+    fp4-ncu)
+      NCU="${NCU:-$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -n 1)}"
+      if [ -z "$NCU" ]; then
+        say "fp4-ncu: no ncu (PATH, /opt/nvidia/nsight-compute/*/ncu, /usr/local/cuda/bin/ncu)"; FAILED+=(fp4-ncu)
+      else  # METHOD.md: leave the clocks alone (--clock-control none)
+        step fp4-ncu 300 "$NCU" --clock-control none --profile-from-start off --section SpeedOfLight \
+          --section LaunchStats --section Occupancy --section WarpStateStats --section SchedulerStats \
+          --section MemoryWorkloadAnalysis --log-file "$RES/fp4-ncu.txt" \
+          "$PY" tools/gpu_host/profile_w4a16.py --cases-out "$RES/fp4-ncu-cases.json"
+      fi ;;
     runner)
       step runner 2000 "$PY" benchmarks/bench_runner.py --tag h200 --timeout 480 --results-dir "$RES" \
         --workdir "$RES/runner-work"
