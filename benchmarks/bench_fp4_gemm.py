@@ -224,6 +224,12 @@ def bench_shape(name, n, k, ms, l2, copy_bw, floor_us, marlin, reps, log):
         # weights during the previous call's tail: reported beside it, not used for the targets.
         r["ours_us"] = time_ops([lambda p=p: K.gemm_w4a16(x, p, pdl=False) for p in pws], reps)
         r["ours_pdl_us"] = time_ops([lambda p=p: K.gemm_w4a16(x, p, pdl=True) for p in pws], reps)
+        # the other warp count per 128-row CTA (same bits): plain, PDL, and PDL at the 0.5x split
+        w = other_warps()
+        r[f"ours_{w}w_us"] = time_ops([lambda p=p: K.gemm_w4a16(x, p, pdl=False, warps=w) for p in pws], reps)
+        r[f"ours_{w}w_pdl_us"] = time_ops([lambda p=p: K.gemm_w4a16(x, p, pdl=True, warps=w) for p in pws], reps)
+        r[f"ours_{w}w_half_target_pdl_us"] = time_ops(
+            [lambda p=p: K.gemm_w4a16(x, p, pdl=True, warps=w, split_target=max(1, sms // 2)) for p in pws], reps)
         # split-K reduced in a thread-block cluster (where the plan has 2..8 splits), PDL on
         r["ours_cluster_pdl_us"] = time_ops([lambda p=p: K.gemm_w4a16(x, p, pdl=True, cluster=True) for p in pws], reps)
         r["cluster_plan"] = K.w4a16_plan(m, n, k, sms, cluster=True)["cluster"]
@@ -269,6 +275,31 @@ def bench_shape(name, n, k, ms, l2, copy_bw, floor_us, marlin, reps, log):
     del pws, wbs, marlin_layers
     torch.cuda.empty_cache()
     return rows
+
+
+def other_warps():
+    """The W4A16 warp count per CTA that is not the default (both are timed on every row)."""
+    return 8 if K.WARPS_DEFAULT == 4 else 4
+
+
+def rows_with_warps(rows, warps):
+    """The rows with `ours` (plain and PDL) taken from the other warp count's columns, the metrics
+    the targets read recomputed: the targets as they would be with that default."""
+    if warps == K.WARPS_DEFAULT:
+        return rows
+    out = []
+    for r in rows:
+        if f"ours_{warps}w_us" not in r:
+            continue
+        q = dict(r, ours_us=r[f"ours_{warps}w_us"], ours_pdl_us=r[f"ours_{warps}w_pdl_us"])
+        scale = r["ours_us"] / q["ours_us"]
+        q["ours_bw_pct"] = r["ours_bw_pct"] * scale
+        q["ours_pdl_bw_pct"] = r["ours_pdl_bw_pct"] * r["ours_pdl_us"] / q["ours_pdl_us"]
+        q["speedup_vs_bf16"] = r["bf16_us"] / q["ours_us"]
+        q["speedup_vs_bf16_pdl"] = r["bf16_us"] / q["ours_pdl_us"]
+        q["speedup_vs_marlin"] = r["marlin_us"] / q["ours_us"] if r.get("marlin_us") else None
+        out.append(q)
+    return out
 
 
 # Split-K targets timed on every row beside the default (2x SMs), PDL launch.
@@ -335,6 +366,10 @@ TARGET_ROWS = {  # target -> (rows it is judged on, metric, the same metric at t
 }
 
 
+def _geomean(v):
+    return round(math.exp(sum(map(math.log, v)) / len(v)), 3) if v else None
+
+
 def summarize(rows, marlin_reason):
     def pick(pred, key):
         return [r[key] for r in rows if pred(r) and r.get(key) is not None]
@@ -352,7 +387,7 @@ def summarize(rows, marlin_reason):
         }
     if not targets["speedup_vs_marlin_m_le_16_min"]["rows"]:
         targets["speedup_vs_marlin_m_le_16_min"]["missing"] = marlin_reason or "no Marlin measurements"
-    geo = lambda v: round(math.exp(sum(map(math.log, v)) / len(v)), 3) if v else None  # noqa: E731
+    geo = _geomean
     rmin = lambda v, nd: round(min(v), nd) if v else None  # noqa: E731
     big16 = lambda r: r["M"] <= 16 and r["weight_fp4_bytes"] >= BIG_WEIGHT_BYTES  # noqa: E731
     le8 = lambda r: r["M"] <= 8  # noqa: E731
@@ -373,6 +408,12 @@ def summarize(rows, marlin_reason):
                       if lo <= r["M"] <= hi and r.get("split_target_pdl_us", {}).get(label)]
             extra[f"pdl_split_target_{label}_vs_2x_time_m{lo}_{hi}_geomean"] = geo(ratios)
     return targets, extra
+
+
+def other_cols(r):
+    w = other_warps()
+    keys = (f"ours_{w}w_us", f"ours_{w}w_pdl_us", f"ours_{w}w_half_target_pdl_us")
+    return "/".join(f"{r[k]:.2f}" for k in keys) if all(k in r for k in keys) else ""
 
 
 def write_md(path, meta, rows, targets, extra, est, tuning):
@@ -401,15 +442,17 @@ def write_md(path, meta, rows, targets, extra, est, tuning):
           "dependent launch, whose weight prefetch overlaps the previous call's tail in this back-to-back chain; "
           "`PDL+cluster` also reduces split-K in a thread-block cluster (plans of 2..8 splits).",
           "",
-          "`split a/b/c` = PDL us with split targets 0.25x / 0.5x / 1x SMs (the default is 2x, `ours PDL`).",
+          "`split a/b/c` = PDL us with split targets 0.25x / 0.5x / 1x SMs (the default is 2x, `ours PDL`). "
+          f"`{other_warps()} warps` = the same kernel with {other_warps()} warps per 128-row CTA (default "
+          f"{K.WARPS_DEFAULT}; the same bits): plain / PDL / PDL at the 0.5x split.",
           "",
-          "| shape | N | K | M | ours us | BW % | at floor us | ours PDL us | split 0.25x/0.5x/1x | PDL+cluster us | bf16 us | x bf16 | Marlin us | x Marlin | W4A4 us |",
-          "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+          f"| shape | N | K | M | ours us | BW % | at floor us | ours PDL us | split 0.25x/0.5x/1x | {other_warps()} warps | PDL+cluster us | bf16 us | x bf16 | Marlin us | x Marlin | W4A4 us |",
+          "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         sweep = "/".join(f"{r['split_target_pdl_us'][lb]:.2f}" for lb, _ in ROW_SPLIT_TARGETS
                          if lb in r.get("split_target_pdl_us", {}))
         L.append(f"| {r['shape']} | {r['N']} | {r['K']} | {r['M']} | {r['ours_us']:.2f} | {r['ours_bw_pct']:.1f} | "
-                 f"{r['at_floor_us']:.2f} | {r['ours_pdl_us']:.2f} | {sweep} | {r['ours_cluster_pdl_us']:.2f}{'' if r['cluster_plan'] else ' (no cluster)'} | "
+                 f"{r['at_floor_us']:.2f} | {r['ours_pdl_us']:.2f} | {sweep} | {other_cols(r)} | {r['ours_cluster_pdl_us']:.2f}{'' if r['cluster_plan'] else ' (no cluster)'} | "
                  f"{r['bf16_us']:.2f} | {r['speedup_vs_bf16']:.2f} | "
                  f"{'%.2f' % r['marlin_us'] if r['marlin_us'] else 'n/a'} | "
                  f"{'%.2f' % r['speedup_vs_marlin'] if r['speedup_vs_marlin'] else 'n/a'} | "
@@ -483,6 +526,13 @@ def main():
     over_budget = bool(args.max_seconds) and time.time() - t0 > args.max_seconds
     tuning = [] if (args.no_tune or args.quick or over_budget) else tune_splits(props.multi_processor_count, meta["reps"], log)
     targets, extra = summarize(rows, marlin_reason)
+    meta["w4a16_warps_default"] = K.WARPS_DEFAULT
+    targets_other, _ = summarize(rows_with_warps(rows, other_warps()), marlin_reason)
+    extra[f"targets_with_{other_warps()}_warps"] = {k: v["value"] for k, v in targets_other.items()}
+    extra[f"time_{other_warps()}w_vs_{K.WARPS_DEFAULT}w_geomean"] = {
+        f"m{lo}_{hi}": _geomean([r[f"ours_{other_warps()}w_us"] / r["ours_us"] for r in rows
+                                 if lo <= r["M"] <= hi and f"ours_{other_warps()}w_us" in r])
+        for lo, hi in ((1, 8), (16, 16), (32, 128))}
     # SM120 estimate: roofline + the fixed per-call overhead measured here for our kernel (the smallest
     # time at M=1 minus its bandwidth time), so tiny shapes are not credited with zero overhead.
     m1 = [r for r in rows if r["M"] == 1]
@@ -497,7 +547,8 @@ def main():
                     "overhead (measured here for our kernel at M=1); bytes = 0.5625*N*K + 2*M*K + 2*M*N "
                     "(bf16: 2*N*K + ...). Assumes both kernels reach the roofline; no SM120 GPU was used."),
            "fixed_overhead_us": overhead, "rows": est_rows}
-    result = {"meta": meta, "targets": targets, "summary": extra, "rows": rows, "sm120_estimate": est,
+    result = {"meta": meta, "targets": targets, "summary": extra,
+              "targets_by_warps": {str(K.WARPS_DEFAULT): targets, str(other_warps()): targets_other}, "rows": rows, "sm120_estimate": est,
               "split_target_sweep": tuning, "elapsed_s": round(time.time() - t0, 1)}
     args.results_dir.mkdir(parents=True, exist_ok=True)
     jpath = args.results_dir / f"fp4-gemm-{date}.json"

@@ -93,8 +93,9 @@ extern "C" {
 const char* sm120_last_error() { return g_error; }
 
 // 2: sm120_w4a16_workspace_layout, fixed ticket region; 3: sm120_gemm_w4a16 takes `pdl`;
-// 4: `flags` (kW4A16Pdl | kW4A16ClusterReduce) for the W4A16 GEMM and its plan, plan out[5]
-int sm120_abi_version() { return 4; }
+// 4: `flags` (kW4A16Pdl | kW4A16ClusterReduce) for the W4A16 GEMM and its plan, plan out[5];
+// 5: flag kW4A16EightWarps
+int sm120_abi_version() { return 5; }
 
 const char* sm120_build_archs() { return SM120_BUILD_ARCHS; }
 
@@ -160,7 +161,8 @@ int sm120_quantize_nvfp4(int device, const void* x, const void* global_scale, vo
 // workspace: zero-initialised device memory reused across calls on ONE stream (split-K tickets are
 // left at zero by every launch). split_target <= 0 picks 2 CTAs per SM. flags: kW4A16Pdl (1)
 // launches it as a programmatic dependent launch (its weight prefetch may overlap the previous
-// kernel's tail); kW4A16ClusterReduce (2) reduces up to 8 splits inside a thread-block cluster.
+// kernel's tail); kW4A16ClusterReduce (2) reduces up to 8 splits inside a thread-block cluster;
+// kW4A16EightWarps (4) runs 8 warps per CTA (one 16-row tile each) instead of 4 (two each).
 int sm120_gemm_w4a16(int device, const void* x, const void* qweight, const void* scales,
                      const void* weight_scale_2, const void* bias, void* y, int M, int N, int K,
                      void* workspace, size_t workspace_bytes, int split_target, int flags,
@@ -180,7 +182,7 @@ int sm120_gemm_w4a16(int device, const void* x, const void* qweight, const void*
                                     (flags & kW4A16ClusterReduce) != 0);
   return launch_gemm_w4a16(x, qweight, scales, static_cast<const float*>(weight_scale_2), bias, y,
                            M, N, K, workspace, workspace_bytes, plan, (flags & kW4A16Pdl) != 0,
-                           static_cast<cudaStream_t>(stream));
+                           (flags & kW4A16EightWarps) != 0, static_cast<cudaStream_t>(stream));
 }
 
 // y bf16 [M,N] = (xq . Wq^T) * input_scale * weight_scale_2 (+ bias). xq: P-order packed

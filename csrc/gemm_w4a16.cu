@@ -6,8 +6,11 @@
 // 16-byte packed weight fragment (4 words: rows r and r+8, K halves), turns every bf16x2 pair into
 // bf16 with one or two rotate+mask ops, multiplies by its block scale (HMUL2 with a broadcast
 // half), and issues 4 bf16 m16n8k16 MMAs per 8-token tile.
-//   * 4 warps x 2 row tiles x 16 rows = 128 rows per CTA (one scale group: its scales are one
-//     512-byte block per K chunk); stages of 128 K (M <= 16) or 64 K (M <= 64) with 3-4 buffers.
+//   * 128 rows per CTA (one scale group: its scales are one 512-byte block per K chunk) as 4 warps
+//     x 2 row tiles x 16 rows, or 8 warps x 1 row tile (twice the warps per SM for the same grid:
+//     each warp's instruction stream is half as long; every accumulator sees the same MMAs in the
+//     same order, so both give the same bits); stages of 128 K (M <= 16) or 64 K (M <= 64) with
+//     3-4 buffers.
 //   * multi-stage cp.async pipeline (no L2 cache hints: see cp_async16 in common.cuh).
 //   * split-K over gridDim.y so the grid covers >= 2 CTAs per SM; partial tiles go to a workspace
 //     and the last CTA of a tile (atomic ticket) reduces them in a fixed order (deterministic) and
@@ -24,11 +27,12 @@
 namespace sm120 {
 namespace {
 
-template <int M_TILES>
+template <int M_TILES, int WARPS>
 struct W4A16Traits {
-  static constexpr int kWarps = 4;
+  static_assert(WARPS == 4 || WARPS == 8, "4 or 8 warps per 128-row CTA");
+  static constexpr int kWarps = WARPS;
   static constexpr int kThreads = 32 * kWarps;
-  static constexpr int kTilesPerWarp = 2;                  // 2 x 16 rows: X fragments reused twice
+  static constexpr int kTilesPerWarp = 8 / kWarps;  // 16-row tiles a warp owns (X fragments reused)
   static constexpr int kRows = kWarps * kTilesPerWarp * kTileRows;  // 128 = one scale group
   static constexpr int kChunksPerStage = M_TILES <= 2 ? 2 : 1;
   static constexpr int kTokens = 8 * M_TILES;
@@ -40,11 +44,13 @@ struct W4A16Traits {
   static constexpr int kStagesRaw = (46 * 1024) / kStageBytes;
   static constexpr int kStages = kStagesRaw > 8 ? 8 : kStagesRaw;
   static constexpr int kWItems = 8 * kChunksPerStage * 32 / kThreads;        // 16-B copies a thread
-  static constexpr int kXItems = kTokens * kChunksPerStage * 8 / kThreads;
+  static constexpr int kXUnits = kTokens * kChunksPerStage * 8;  // 16-B copies of X per stage
+  static constexpr int kXItems = (kXUnits + kThreads - 1) / kThreads;
+  static constexpr bool kXSomeThreads = kXUnits < kThreads;  // M tile 8 with 8 warps: 128 of 256
   static constexpr int kAcc = kTilesPerWarp * M_TILES * 4;
   static constexpr int kTileElems = kThreads * kAcc;  // fp32 partials per CTA
   static_assert(kStages >= 3, "W4A16 tile does not fit three stages in 46 KB");
-  static_assert(kXItems >= 1 && kXItems * kThreads == kTokens * kChunksPerStage * 8, "X split");
+  static_assert(kXSomeThreads ? kXItems == 1 : kXItems * kThreads == kXUnits, "X split");
 };
 
 enum : int { kLoadWeights = 1, kLoadX = 2 };  // what a pipeline stage load issues
@@ -65,9 +71,9 @@ struct W4A16Params {
   int cluster_reduce;  // the splits of a tile are one cluster (gridDim.y == splits <= 8)
 };
 
-template <int M_TILES>
-__global__ void __launch_bounds__(128) gemm_w4a16_kernel(const W4A16Params p) {
-  using T = W4A16Traits<M_TILES>;
+template <int M_TILES, int WARPS>
+__global__ void __launch_bounds__(32 * WARPS) gemm_w4a16_kernel(const W4A16Params p) {
+  using T = W4A16Traits<M_TILES, WARPS>;
   constexpr int CPS = T::kChunksPerStage;
   __shared__ __align__(128) uint8_t smem[T::kStages * T::kStageBytes];
   __shared__ int s_is_last;
@@ -83,12 +89,12 @@ __global__ void __launch_bounds__(128) gemm_w4a16_kernel(const W4A16Params p) {
 
 
   // Per-thread copy sources at chunk 0, advanced by the chunk offset each stage.
-  // Weights: item (row tile rt, chunk cc, lane) = ((warp + 4j) / CPS, (warp + 4j) % CPS, lane).
+  // Weights: item (row tile rt, chunk cc, lane) = ((warp + W j) / CPS, (warp + W j) % CPS, lane).
   const uint8_t* w_src[T::kWItems];
   int w_dst[T::kWItems], w_cc[T::kWItems];
 #pragma unroll
   for (int j = 0; j < T::kWItems; ++j) {
-    const int rc = warp + 4 * j, rt = rc / CPS, cc = rc % CPS;
+    const int rc = warp + T::kWarps * j, rt = rc / CPS, cc = rc % CPS;
     w_src[j] = p.qweight + (((int64_t)group * 8 + rt) * p.n_chunks + cc) * 512 + lane * 16;
     w_dst[j] = (cc * 8 + rt) * 512 + lane * 16;
     w_cc[j] = cc;
@@ -99,9 +105,10 @@ __global__ void __launch_bounds__(128) gemm_w4a16_kernel(const W4A16Params p) {
   const __nv_bfloat16* x_src[T::kXItems];
   int x_dst[T::kXItems], x_k[T::kXItems];
   bool x_row_ok[T::kXItems];
+  const bool x_loader = !T::kXSomeThreads || tid < T::kXUnits;  // threads that own an X unit
 #pragma unroll
   for (int j = 0; j < T::kXItems; ++j) {
-    const int i = tid + j * T::kThreads;
+    const int i = (T::kXSomeThreads ? tid % T::kXUnits : tid) + j * T::kThreads;
     const int r = i / (8 * CPS), u = i % (8 * CPS);
     const int tok = tok0 + r;
     x_k[j] = (u >> 3) * kChunkK + (u & 7) * 8;
@@ -134,11 +141,13 @@ __global__ void __launch_bounds__(128) gemm_w4a16_kernel(const W4A16Params p) {
         }
       }
       if constexpr ((kWhat & kLoadX) != 0) {
+        if (x_loader) {
 #pragma unroll
-        for (int j = 0; j < T::kXItems; ++j) {
-          const bool ok = x_row_ok[j] &&
-                          (kFull || (c0 * kChunkK + x_k[j] < p.K && c0 + (x_k[j] >> 6) < c_end));
-          cp_async16(base + x_dst[j], ok ? x_src[j] + c0 * kChunkK : p.x, ok ? 16 : 0);
+          for (int j = 0; j < T::kXItems; ++j) {
+            const bool ok = x_row_ok[j] &&
+                            (kFull || (c0 * kChunkK + x_k[j] < p.K && c0 + (x_k[j] >> 6) < c_end));
+            cp_async16(base + x_dst[j], ok ? x_src[j] + c0 * kChunkK : p.x, ok ? 16 : 0);
+          }
         }
       }
     };
@@ -315,10 +324,25 @@ __global__ void __launch_bounds__(128) gemm_w4a16_kernel(const W4A16Params p) {
 }
 
 constexpr int tile_elems(int m_tiles) { return 128 * 2 * m_tiles * 4; }
-// the host's slot size is the kernel's partial tile, for every instantiated M tile
-static_assert(W4A16Traits<1>::kTileElems == tile_elems(1) && W4A16Traits<2>::kTileElems == tile_elems(2) &&
-                  W4A16Traits<4>::kTileElems == tile_elems(4) && W4A16Traits<8>::kTileElems == tile_elems(8),
-              "W4A16 partial tile size");
+// the host's slot size is the kernel's partial tile, for every instantiated M tile and warp count
+template <int W>
+constexpr bool tile_sizes_match() {
+  return W4A16Traits<1, W>::kTileElems == tile_elems(1) && W4A16Traits<2, W>::kTileElems == tile_elems(2) &&
+         W4A16Traits<4, W>::kTileElems == tile_elems(4) && W4A16Traits<8, W>::kTileElems == tile_elems(8);
+}
+static_assert(tile_sizes_match<4>() && tile_sizes_match<8>(), "W4A16 partial tile size");
+
+template <int W>
+cudaError_t launch_w4a16_warps(int m_tiles, dim3 grid, cudaStream_t stream, bool pdl, unsigned cluster_y,
+                               const W4A16Params& p) {
+  const dim3 block(32 * W);
+  switch (m_tiles) {
+    case 1: return launch_kernel(gemm_w4a16_kernel<1, W>, grid, block, stream, pdl, cluster_y, p);
+    case 2: return launch_kernel(gemm_w4a16_kernel<2, W>, grid, block, stream, pdl, cluster_y, p);
+    case 4: return launch_kernel(gemm_w4a16_kernel<4, W>, grid, block, stream, pdl, cluster_y, p);
+    default: return launch_kernel(gemm_w4a16_kernel<8, W>, grid, block, stream, pdl, cluster_y, p);
+  }
+}
 
 }  // namespace
 
@@ -363,7 +387,7 @@ W4A16Plan plan_w4a16(int M, int N, int K, int sm_count, size_t workspace_bytes, 
 int launch_gemm_w4a16(const void* x, const void* qweight, const void* scales,
                       const float* weight_scale_2, const void* bias, void* y, int M, int N, int K,
                       void* workspace, size_t workspace_bytes, const W4A16Plan& plan, bool pdl,
-                      cudaStream_t stream) {
+                      bool eight_warps, cudaStream_t stream) {
   const bool tickets = plan.splits > 1 && !plan.cluster;  // plan_w4a16 clusters only 2..8 splits
   if (tickets && (workspace == nullptr || plan.workspace_bytes > workspace_bytes))
     return set_error(kWorkspaceTooSmall, "gemm_w4a16: workspace of %zu bytes, plan needs %zu",
@@ -391,17 +415,12 @@ int launch_gemm_w4a16(const void* x, const void* qweight, const void* scales,
   }
   const dim3 grid(plan.n_ctas, plan.splits, plan.m_blocks);
   const unsigned cluster_y = plan.cluster ? (unsigned)plan.splits : 1u;
-  cudaError_t err;
-  switch (plan.m_tiles) {
-    case 1: err = launch_kernel(gemm_w4a16_kernel<1>, grid, dim3(128), stream, pdl, cluster_y, p); break;
-    case 2: err = launch_kernel(gemm_w4a16_kernel<2>, grid, dim3(128), stream, pdl, cluster_y, p); break;
-    case 4: err = launch_kernel(gemm_w4a16_kernel<4>, grid, dim3(128), stream, pdl, cluster_y, p); break;
-    default: err = launch_kernel(gemm_w4a16_kernel<8>, grid, dim3(128), stream, pdl, cluster_y, p); break;
-  }
+  const cudaError_t err = eight_warps ? launch_w4a16_warps<8>(plan.m_tiles, grid, stream, pdl, cluster_y, p)
+                                      : launch_w4a16_warps<4>(plan.m_tiles, grid, stream, pdl, cluster_y, p);
   if (err != cudaSuccess) {
     (void)cudaGetLastError();  // the same error is pending there: do not report it twice
-    return set_error(kLaunchFailed, "gemm_w4a16: launch failed (pdl=%d, cluster=%u): %s", pdl ? 1 : 0,
-                     cluster_y, cudaGetErrorString(err));
+    return set_error(kLaunchFailed, "gemm_w4a16: launch failed (pdl=%d, cluster=%u, warps=%d): %s", pdl ? 1 : 0,
+                     cluster_y, eight_warps ? 8 : 4, cudaGetErrorString(err));
   }
   return check_launch("gemm_w4a16");
 }

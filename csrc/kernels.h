@@ -67,7 +67,13 @@ struct W4A16Plan {
   bool cluster;               // split-K reduced inside a thread-block cluster (no workspace)
 };
 // Flags of sm120_gemm_w4a16 / sm120_w4a16_plan.
-enum : int { kW4A16Pdl = 1, kW4A16ClusterReduce = 2, kW4A16KnownFlags = kW4A16Pdl | kW4A16ClusterReduce };
+// kW4A16EightWarps: 8 warps x 1 row tile per 128-row CTA instead of 4 x 2 (same bits).
+enum : int {
+  kW4A16Pdl = 1,
+  kW4A16ClusterReduce = 2,
+  kW4A16EightWarps = 4,
+  kW4A16KnownFlags = kW4A16Pdl | kW4A16ClusterReduce | kW4A16EightWarps
+};
 // The splits of one tile form one cluster: at most the portable cluster size.
 constexpr int kW4A16MaxClusterSplits = 8;
 // Split-K workspace layout, the same for EVERY plan: one int ticket per (N, M) tile in the first
@@ -83,7 +89,7 @@ W4A16Plan plan_w4a16(int M, int N, int K, int sm_count, size_t workspace_bytes, 
 int launch_gemm_w4a16(const void* x, const void* qweight, const void* scales,
                       const float* weight_scale_2, const void* bias, void* y, int M, int N, int K,
                       void* workspace, size_t workspace_bytes, const W4A16Plan& plan, bool pdl,
-                      cudaStream_t stream);
+                      bool eight_warps, cudaStream_t stream);
 
 int launch_gemm_w4a4(const void* xq, const void* x_scales, const float* input_scale,
                      const void* qweight, const void* w_scales, const float* weight_scale_2,

@@ -69,3 +69,16 @@ def test_split_sweep_summary_is_a_geomean_per_m_range(bench):
     assert extra["pdl_split_target_1x_vs_2x_time_m1_8_geomean"] == pytest.approx(2.0)
     assert extra["pdl_split_target_0.5x_vs_2x_time_m32_128_geomean"] == pytest.approx(0.5)
     assert extra["pdl_split_target_0.25x_vs_2x_time_m16_16_geomean"] is None
+
+
+def test_targets_with_the_other_warp_count_read_its_columns(bench):
+    w = bench.other_warps()
+    r = _row(bench, 16384, 2048, 1, ours=11.0, bf16=20.0, marlin=11.0)
+    r[f"ours_{w}w_us"], r[f"ours_{w}w_pdl_us"] = 5.5, 5.0
+    (q,) = bench.rows_with_warps([r], w)
+    assert q["ours_us"] == 5.5 and q["speedup_vs_bf16"] == pytest.approx(20.0 / 5.5)
+    assert q["ours_bw_pct"] == pytest.approx(2 * r["ours_bw_pct"])
+    assert q["speedup_vs_marlin"] == pytest.approx(2.0) and r["speedup_vs_marlin"] == pytest.approx(1.0)
+    assert bench.rows_with_warps([r], bench.K.WARPS_DEFAULT) == [r]
+    targets, _ = bench.summarize([q], None)
+    assert targets["speedup_vs_marlin_m_le_16_min"]["value"] == pytest.approx(2.0)

@@ -46,7 +46,8 @@ def test_serving_steps_run_only_when_named(tmp_path):
     default = tmp_path / "default"
     default.mkdir()
     proc, calls = run(default)  # no steps named: the default list, without the serving session
-    assert proc.returncode == 0 and len(calls) == 8
+    # 9 steps; `kernels` runs kernels_check.sh, whose build, smoke and pytest are 3 calls
+    assert proc.returncode == 0 and len(calls) == 11
     assert not {c.split()[0] for c in calls} & {"benchmarks/bench_serving_matrix.py", "benchmarks/soak.py"}
 
 
@@ -102,3 +103,11 @@ def test_usage_prints_the_whole_header(tmp_path):
     proc = subprocess.run(["bash", str(SCRIPT)], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2
     assert "fp4-ncu" in proc.stderr and "serving-tw4" in proc.stderr and "set -uo" not in proc.stderr
+
+
+def test_kernels_step_builds_smokes_and_tests_without_the_quick_benchmark(tmp_path):
+    proc, calls = run(tmp_path, "kernels")
+    assert proc.returncode == 0, proc.stdout
+    assert [c.split()[:2] for c in calls] == [["-m", "forkbuild.kernels"], ["tools/gpu_host/kernels_smoke.py"],
+                                              ["-m", "pytest"]]
+    assert "bench: skipped (BENCH_CAP=0)" in (tmp_path / "res" / "kernels-check" / "summary.txt").read_text()

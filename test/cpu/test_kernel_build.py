@@ -113,7 +113,7 @@ def test_w4a16_prefetches_weights_before_the_pdl_wait_and_has_no_sc_fence(built,
     for arch in ("sm_90a", "sm_120a"):
         fns = {n: b for n, b in _functions(_dump(cuobjdump, out / kb.LIBRARY_NAME, "-sass", "-arch", arch)).items()
                if "gemm_w4a16_kernel" in n}
-        assert len(fns) == 4, (arch, sorted(fns))  # M tiles 1, 2, 4, 8
+        assert len(fns) == 8, (arch, sorted(fns))  # M tiles 1, 2, 4, 8 x 4 or 8 warps
         for name, body in fns.items():
             assert body.count("ACQBULK") == 1 and body.count("PREEXIT") == 1, (arch, name)
             before_wait = body.split("ACQBULK", 1)[0]
@@ -121,7 +121,8 @@ def test_w4a16_prefetches_weights_before_the_pdl_wait_and_has_no_sc_fence(built,
             assert "MEMBAR.SC" not in body, (arch, name)
             assert re.search(r"ATOMG\.E\.ADD\S*\.STRONG\.GPU", body), (arch, name)
             assert body.count("UCGABAR_ARV") == 2 and body.count("UCGABAR_WAIT") == 2, (arch, name)
-            assert body.count("LDG.E.U16") == 8 * int(re.search(r"ILi(\d)E", name).group(1)), (
+            m_tiles, warps = map(int, re.search(r"ILi(\d)ELi(\d)E", name).groups())
+            assert body.count("LDG.E.U16") == 4 * m_tiles * (8 // warps), (
                 arch, name, "one copy of the output store (bias loads per element)")
 
 
@@ -307,5 +308,7 @@ def test_w4a16_unknown_flags_are_refused(built):
     lib = plan.lib
     lib.sm120_last_error.restype = ctypes.c_char_p
     o, need = (ctypes.c_int * 6)(), ctypes.c_size_t(0)
-    assert lib.sm120_w4a16_plan(1, 512, 512, 132, ctypes.c_size_t(WORKSPACE), 0, 4, o, ctypes.byref(need)) != 0
-    assert b"unknown flags 0x4" in lib.sm120_last_error()
+    assert lib.sm120_w4a16_plan(1, 512, 512, 132, ctypes.c_size_t(WORKSPACE), 0, 8, o, ctypes.byref(need)) != 0
+    assert b"unknown flags 0x8" in lib.sm120_last_error()
+    # 1 | 2 | 4 (PDL, cluster reduce, eight warps) are known
+    assert lib.sm120_w4a16_plan(1, 512, 512, 132, ctypes.c_size_t(WORKSPACE), 0, 7, o, ctypes.byref(need)) == 0

@@ -309,6 +309,42 @@ def test_cluster_reduce_gives_the_bits_of_the_workspace_reduction(K, n, k, m):
         assert torch.equal(y_g, want)
 
 
+WARPS_CASES = [(5120, 2048, 1), (16384, 2048, 1), (2624, 6144, 8), (2624, 6144, 16), (2048, 4096, 32),
+               (5120, 2048, 64), (6144, 256, 128), (384, 320, 3), (28672, 512, 5)]
+
+
+@pytest.mark.parametrize("n,k,m", WARPS_CASES, ids=[f"N{n}-K{k}-M{m}" for n, k, m in WARPS_CASES])
+def test_eight_warps_give_the_bits_of_four(K, n, k, m):
+    """8 warps x one 16-row tile per CTA vs 4 warps x two: each accumulator sees the same MMAs in the
+    same order, so the bits match, for the ticket and the cluster reduction, with and without PDL,
+    at the default and the smallest split, eager and in a graph."""
+    q = _weight(n, k, 11 * n + 3 * m)
+    pw = K.pack_weight(q["weight"], q["weight_scale"], q["weight_scale_2"])
+    wd = _exact_dequant(q["weight"], q["weight_scale"], q["weight_scale_2"])
+    x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
+    for split_target in (0, 1):
+        for cluster in (False, True):
+            ref = K.gemm_w4a16(x, pw, warps=4, split_target=split_target, cluster=cluster).clone()
+            for pdl in (False, True):
+                y = K.gemm_w4a16(x, pw, warps=8, split_target=split_target, cluster=cluster, pdl=pdl)
+                assert torch.equal(y, ref), f"split_target={split_target} cluster={cluster} pdl={pdl}"
+    _assert_close(ref, x.float() @ wd.t(), x.float().abs() @ wd.abs().t(), f"8 warps N={n} K={k} M={m}")
+    x_static = x.clone()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        want = K.gemm_w4a16(x_static, pw, warps=4).clone()
+        K.gemm_w4a16(x_static, pw, warps=8)  # this stream's workspace exists before capture
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        y_g = K.gemm_w4a16(x_static, pw, warps=8)
+    for _ in range(3):
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(y_g, want)
+
+
 def test_pdl_chain_with_cluster_reduce_matches_plain_launches(K):
     n = k = 2048
     layers = []
@@ -377,6 +413,7 @@ def _bad_inputs(K):
         (lambda: K.gemm_w4a16(x, q["weight"]), TypeError, "weight"),
         (lambda: K.gemm_w4a16(x, pw, bias=torch.zeros(64, device="cuda", dtype=torch.bfloat16)), ValueError, "bias"),
         (lambda: K.gemm_w4a16(x, pw, out=torch.empty(4, 64, device="cuda", dtype=torch.bfloat16)), ValueError, "out"),
+        (lambda: K.gemm_w4a16(x, pw, warps=6), ValueError, "warps"),
         (lambda: K.quantize_nvfp4(torch.randn(4, 40, device="cuda").to(torch.bfloat16), gs), ValueError, "x"),
         (lambda: K.quantize_nvfp4(x, torch.tensor([1.0])), ValueError, "global_scale"),
         (lambda: K.quantize_nvfp4(x, torch.ones(2, device="cuda")), ValueError, "global_scale"),

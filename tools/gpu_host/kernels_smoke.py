@@ -137,6 +137,18 @@ def check_w4a16_cluster(n, k, m):
                                            f"(plan splits={plan['splits']} cluster={plan['cluster']})")
 
 
+def check_w4a16_warps(n, k, m, split_target=0):
+    """8 warps x 1 row tile vs 4 warps x 2 per CTA: every accumulator sees the same MMAs in the same
+    order, so the same bits; and within tolerance of the reference."""
+    _, pw, wd = _weight(n, k, 3 * n + k + m)
+    x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
+    ys = {w: K.gemm_w4a16(x, pw, warps=w, split_target=split_target) for w in (4, 8)}
+    torch.cuda.synchronize()
+    diff = int((ys[4] != ys[8]).sum())
+    ok, msg = within_tolerance(ys[8], x.float() @ wd.t(), x.float().abs() @ wd.abs().t())
+    return diff == 0 and ok, f"{diff} of {ys[4].numel()} outputs differ from 4 warps; 8 warps vs reference: {msg}"
+
+
 def _workspace():
     return K.workspace(torch.device("cuda", torch.cuda.current_device()))
 
@@ -187,6 +199,11 @@ STEPS = [
     ("gemm_w4a16 PDL chain M=16", lambda: check_w4a16_pdl_chain(16)),
     ("gemm_w4a16 cluster reduce M=1  N=5120 K=2048", lambda: check_w4a16_cluster(5120, 2048, 1)),
     ("gemm_w4a16 cluster reduce M=16 N=5120 K=2048", lambda: check_w4a16_cluster(5120, 2048, 16)),
+    ("gemm_w4a16 8 warps M=1   N=16384 K=2048", lambda: check_w4a16_warps(16384, 2048, 1)),
+    ("gemm_w4a16 8 warps M=3   N=384   K=320", lambda: check_w4a16_warps(384, 320, 3)),
+    ("gemm_w4a16 8 warps M=16  N=2624  K=6144", lambda: check_w4a16_warps(2624, 6144, 16)),
+    ("gemm_w4a16 8 warps M=32  N=5120  K=2048", lambda: check_w4a16_warps(5120, 2048, 32)),
+    ("gemm_w4a16 8 warps M=100 N=6144  K=256 (no split)", lambda: check_w4a16_warps(6144, 256, 100, 1)),
     ("split-K tickets all back at zero", check_tickets_zero),
 ]
 

@@ -8,6 +8,8 @@
 # Steps, in the default order (most wanted figures first; each has its own time cap in seconds):
 #   lean-moe     test_lean_moe.py: the lean eager MoE vs upstream's on real Triton kernels, bit for
 #                bit, and its host time per layer (decode and prefill rows)                      300
+#   kernels      tools/gpu_host/kernels_check.sh without its quick benchmark: build csrc here, the
+#                smoke test (compute-sanitizer on failure), test_kernels.py -> RESULTS/kernels-check/ 600
 #   fp4          benchmarks/bench_fp4_gemm.py (ours plain/PDL vs bf16 vs Marlin, split sweep)   300
 #   fp4-ncu      Nsight Compute on one launch per case of tools/gpu_host/profile_w4a16.py (W4A16
 #                at M 1/16 with the default and the 0.5x-SMs split plans, cuBLAS bf16 beside them):
@@ -44,8 +46,8 @@ cd "$(dirname "$0")/../.."
 [ $# -ge 1 ] || { sed -n '2,/^set -uo/p' "$0" | sed '$d' >&2; exit 2; }
 RES=$(mkdir -p "$1" && cd "$1" && pwd); shift
 STEPS=("$@")
-[ ${#STEPS[@]} -gt 0 ] || STEPS=(lean-moe fp4 fp4-ncu runner moe-profile traps correctness eager-warmup)
-KNOWN="lean-moe fp4 fp4-ncu runner moe-profile traps correctness eager-warmup client-ceiling serving soak serving-diag serving-soak serving-tw4"
+[ ${#STEPS[@]} -gt 0 ] || STEPS=(lean-moe kernels fp4 fp4-ncu runner moe-profile traps correctness eager-warmup)
+KNOWN="lean-moe kernels fp4 fp4-ncu runner moe-profile traps correctness eager-warmup client-ceiling serving soak serving-diag serving-soak serving-tw4"
 for s in "${STEPS[@]}"; do  # all checked before the first one starts
   case " $KNOWN " in *" $s "*) ;; *) echo "measure_all.sh: unknown step $s ($KNOWN)"; exit 2 ;; esac
 done
@@ -67,6 +69,8 @@ for s in "${STEPS[@]}"; do
     lean-moe)
       SGLANG_SM120_RESULTS_DIR="$RES" step lean-moe 300 "$PY" -m pytest -m gpu -q -p no:cacheprovider \
         test/gpu/test_lean_moe.py -s ;;
+    kernels)  # a new library replaces the one SGLANG_SM120_KERNEL_LIB points at for the later steps
+      OUT="$RES/kernels-check" BENCH_CAP=0 step kernels 600 bash tools/gpu_host/kernels_check.sh ;;
     fp4) step fp4 300 "$PY" benchmarks/bench_fp4_gemm.py --max-seconds 200 --results-dir "$RES" ;;
     fp4-ncu)
       NCU="${NCU:-$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -n 1)}"
@@ -75,7 +79,8 @@ for s in "${STEPS[@]}"; do
       else  # METHOD.md: leave the clocks alone (--clock-control none)
         step fp4-ncu 300 "$NCU" --clock-control none --profile-from-start off --section SpeedOfLight \
           --section LaunchStats --section Occupancy --section WarpStateStats --section SchedulerStats \
-          --section MemoryWorkloadAnalysis --log-file "$RES/fp4-ncu.txt" \
+          --section MemoryWorkloadAnalysis --metrics 'regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio' \
+          --log-file "$RES/fp4-ncu.txt" \
           "$PY" tools/gpu_host/profile_w4a16.py --cases-out "$RES/fp4-ncu-cases.json"
       fi ;;
     runner)

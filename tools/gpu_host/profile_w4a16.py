@@ -1,4 +1,4 @@
-"""One launch per case of the W4A16 GEMM (and torch's bf16 GEMM beside it) between
+"""One launch per case of the W4A16 GEMM (4 and 8 warps; torch's bf16 GEMM beside it) between
 cudaProfilerStart/Stop, for Nsight Compute to profile:
 
     ncu --clock-control none --profile-from-start off --section SpeedOfLight ... \\
@@ -24,13 +24,16 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "benchmarks"))
 from bench_fp4_gemm import K, F  # noqa: E402  (this checkout's overlay, as the benchmark uses it)
 
-# (name, N, K, M, split target as a multiple of the SM count; None = the default plan)
+# (name, N, K, M, split target as a multiple of the SM count or None = the default plan, warps per CTA)
 CASES = [
-    ("glm5 q_a+kv_a", 2624, 6144, 1, None), ("glm5 q_a+kv_a", 2624, 6144, 1, 0.5),
-    ("glm5 q_a+kv_a", 2624, 6144, 16, None), ("glm5 q_a+kv_a", 2624, 6144, 16, 0.5),
-    ("glm5 q_b tp1", 16384, 2048, 1, None), ("glm5 q_b tp1", 16384, 2048, 1, 0.5),
-    ("glm5 o_proj tp1", 6144, 16384, 1, None),
-    ("qwen3-30b o_proj tp4", 2048, 1024, 1, None), ("qwen3-30b o_proj tp4", 2048, 1024, 1, 0.5),
+    (name, n, k, m, mult, warps)
+    for name, n, k, m, mult in [
+        ("glm5 q_a+kv_a", 2624, 6144, 1, None), ("glm5 q_a+kv_a", 2624, 6144, 1, 0.5),
+        ("glm5 q_a+kv_a", 2624, 6144, 16, None), ("glm5 q_b tp1", 16384, 2048, 1, None),
+        ("glm5 q_b tp1", 16384, 2048, 1, 0.5), ("glm5 o_proj tp1", 6144, 16384, 1, None),
+        ("qwen3-30b o_proj tp4", 2048, 1024, 1, None),
+    ]
+    for warps in (4, 8)
 ]
 BF16_CASES = [("glm5 q_b tp1", 16384, 2048, 1), ("glm5 o_proj tp1", 6144, 16384, 1)]
 
@@ -44,16 +47,16 @@ def main():
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     ops, order = [], []
     weights = {}
-    for name, n, k, m, mult in CASES:
+    for name, n, k, m, mult, warps in CASES:
         if (n, k) not in weights:
             q = F.quantize_weight_modelopt(torch.randn(n, k, device="cuda") * 0.02)
             weights[(n, k)] = K.pack_weight(q["weight"], q["weight_scale"], q["weight_scale_2"])
         pw, x = weights[(n, k)], torch.randn(m, k, device="cuda").to(torch.bfloat16)
         target = max(1, int(sms * mult)) if mult else None
         plan = K.w4a16_plan(m, n, k, sms, **({"split_target": target} if target else {}))
-        kw = {"pdl": False, **({"split_target": target} if target else {})}
+        kw = {"pdl": False, "warps": warps, **({"split_target": target} if target else {})}
         ops.append(lambda x=x, pw=pw, kw=kw: K.gemm_w4a16(x, pw, **kw))
-        order.append({"kernel": "gemm_w4a16", "case": name, "N": n, "K": k, "M": m,
+        order.append({"kernel": "gemm_w4a16", "case": name, "N": n, "K": k, "M": m, "warps": warps,
                       "split_target": target or "default (2x SMs)", "plan": plan})
     for name, n, k, m in BF16_CASES:
         w = torch.randn(n, k, device="cuda").to(torch.bfloat16)

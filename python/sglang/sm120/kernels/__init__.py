@@ -11,10 +11,11 @@ docs/kernels.md. `available()` says whether it loads here.
 """
 from ._lib import available, build_archs, library_path, load
 from .layout import PackedWeight, pack_weight, unpack_weight, p_order_packed
-from .ops import gemm_w4a4, gemm_w4a16, quantize_nvfp4, w4a16_plan, workspace, packed_scale_shape
+from .ops import WARPS_DEFAULT, gemm_w4a4, gemm_w4a16, quantize_nvfp4, w4a16_plan, workspace, packed_scale_shape
 
 __all__ = [
     "available", "build_archs", "library_path", "load",
     "PackedWeight", "pack_weight", "unpack_weight", "p_order_packed",
     "gemm_w4a4", "gemm_w4a16", "quantize_nvfp4", "w4a16_plan", "workspace", "packed_scale_shape",
+    "WARPS_DEFAULT",
 ]

@@ -31,7 +31,23 @@ PDL_DEFAULT = os.environ.get("SGLANG_SM120_PDL", "1") not in ("", "0")
 # Split-K reduced inside a thread-block cluster (<= 8 splits; no workspace round trip through L2)
 # instead of by the last CTA of each tile; SGLANG_SM120_W4A16_CLUSTER=1 makes it the default.
 CLUSTER_DEFAULT = os.environ.get("SGLANG_SM120_W4A16_CLUSTER", "0") not in ("", "0")
-_FLAG_PDL, _FLAG_CLUSTER = 1, 2  # kW4A16Pdl, kW4A16ClusterReduce (csrc/kernels.h)
+_FLAG_PDL, _FLAG_CLUSTER, _FLAG_EIGHT_WARPS = 1, 2, 4  # kW4A16Pdl, ...ClusterReduce, ...EightWarps (kernels.h)
+_W4A16_WARPS = (4, 8)
+
+
+def _warps(value, name: str) -> int:
+    try:
+        warps = int(value)
+    except (TypeError, ValueError):
+        warps = None
+    if warps not in _W4A16_WARPS:
+        raise ValueError(f"{name} must be 4 or 8 (warps per 128-row CTA of the W4A16 GEMM), got {value!r}")
+    return warps
+
+
+# Warps per 128-row CTA of the W4A16 GEMM: 4 (two 16-row tiles each) or 8 (one each; twice the
+# warps per SM for the same grid, the same bits); SGLANG_SM120_W4A16_WARPS sets the default.
+WARPS_DEFAULT = _warps(os.environ.get("SGLANG_SM120_W4A16_WARPS", "4"), "SGLANG_SM120_W4A16_WARPS")
 _ws_lock = threading.Lock()
 _workspaces: dict = {}
 
@@ -179,7 +195,7 @@ def _check_bias(bias, n: int, dev):
 def gemm_w4a16(x: torch.Tensor, weight: PackedWeight, *, bias: Optional[torch.Tensor] = None,
                out: Optional[torch.Tensor] = None, workspace_buf: Optional[torch.Tensor] = None,
                split_target: int = 0, pdl: Optional[bool] = None,
-               cluster: Optional[bool] = None) -> torch.Tensor:
+               cluster: Optional[bool] = None, warps: Optional[int] = None) -> torch.Tensor:
     """y bf16 [M, N] = x bf16 [M, K] . dequant(weight)^T (+ bias), fp32 accumulation.
 
     workspace_buf: optional zero-initialised uint8 CUDA buffer owned by the caller's stream
@@ -188,7 +204,9 @@ def gemm_w4a16(x: torch.Tensor, weight: PackedWeight, *, bias: Optional[torch.Te
     cluster: reduce up to 8 splits inside a thread-block cluster (None:
     $SGLANG_SM120_W4A16_CLUSTER, default off); more splits still go through the workspace.
     Both reductions sum in the same order: the results are bit-identical.
+    warps: 4 or 8 per 128-row CTA (None: $SGLANG_SM120_W4A16_WARPS, default 4); the same bits.
     """
+    warps = WARPS_DEFAULT if warps is None else _warps(warps, "warps")
     _tensor("x", x, _BF16, dim=2)
     dev = x.device
     _check_weight(weight, dev)
@@ -206,21 +224,21 @@ def gemm_w4a16(x: torch.Tensor, weight: PackedWeight, *, bias: Optional[torch.Te
         _tensor("workspace_buf", workspace_buf, torch.uint8, device=dev)
         _aligned("workspace_buf", workspace_buf)
     _launch_w4a16(x, weight, bias, y, workspace_buf, int(split_target), PDL_DEFAULT if pdl is None else bool(pdl),
-                  CLUSTER_DEFAULT if cluster is None else bool(cluster))
+                  CLUSTER_DEFAULT if cluster is None else bool(cluster), warps)
     return y
 
 
 def _launch_w4a16(x, weight: PackedWeight, bias, y, workspace_buf, split_target: int = 0,
-                  pdl: bool = PDL_DEFAULT, cluster: bool = CLUSTER_DEFAULT) -> None:
+                  pdl: bool = PDL_DEFAULT, cluster: bool = CLUSTER_DEFAULT, warps: int = WARPS_DEFAULT) -> None:
     dev = x.device
-    flags = (_FLAG_PDL if pdl else 0) | (_FLAG_CLUSTER if cluster else 0)
+    flags = (_FLAG_PDL if pdl else 0) | (_FLAG_CLUSTER if cluster else 0) | (_FLAG_EIGHT_WARPS if warps == 8 else 0)
     rc = _lib.load().sm120_gemm_w4a16(dev.index, _ptr(x), _ptr(weight.qweight), _ptr(weight.scales),
                                       _ptr(weight.weight_scale_2), _ptr(bias), _ptr(y), x.shape[0], weight.n,
                                       weight.k, _ptr(workspace_buf), workspace_buf.numel(), split_target,
                                       flags, _stream(dev))
     _lib.check(rc, "gemm_w4a16")
     _debug_sync(dev, f"gemm_w4a16(M={x.shape[0]}, N={weight.n}, K={weight.k}, split_target={split_target}, "
-                     f"pdl={pdl}, cluster={cluster})")
+                     f"pdl={pdl}, cluster={cluster}, warps={warps})")
 
 
 _W4A4_MODES = {"auto": 0, "hardware": 1, "emulate": 2}

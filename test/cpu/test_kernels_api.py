@@ -1,0 +1,34 @@
+"""The W4A16 warps option of sglang.sm120.kernels without a GPU: parsing and the env default."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_warps_accepts_4_and_8_only():
+    from sglang.sm120.kernels import ops
+
+    assert ops._warps(4, "warps") == 4 and ops._warps("8", "warps") == 8
+    for bad in (6, 0, "eight", None, 16):
+        with pytest.raises(ValueError, match="warps must be 4 or 8"):
+            ops._warps(bad, "warps")
+    assert ops._FLAG_EIGHT_WARPS == 4  # kW4A16EightWarps in csrc/kernels.h
+    assert "kW4A16EightWarps = 4" in (REPO / "csrc" / "kernels.h").read_text()
+
+
+def _import_with(env_value):
+    env = dict(os.environ, SGLANG_SM120_W4A16_WARPS=env_value,
+               PYTHONPATH=os.pathsep.join([str(REPO / "python"), *sys.path]))
+    return subprocess.run([sys.executable, "-c", "from sglang.sm120.kernels import ops; print(ops.WARPS_DEFAULT)"],
+                          env=env, capture_output=True, text=True, timeout=120)
+
+
+def test_env_sets_the_default_and_a_bad_value_names_the_variable():
+    ok = _import_with("8")
+    assert ok.returncode == 0 and ok.stdout.strip() == "8", ok.stderr
+    bad = _import_with("5")
+    assert bad.returncode != 0 and "SGLANG_SM120_W4A16_WARPS must be 4 or 8" in bad.stderr
