@@ -144,3 +144,21 @@ def test_capture_time_by_step_in_the_md(bench):
     assert "| layerwise | decode | 2 sizes | 0.030 | 0.010 | 0.030 |" in lines
     assert not any("| upstream |" in line for line in lines)
     assert bench.capture_time_lines({"upstream": {"capture": {}}}, ["upstream"]) == []
+
+
+def test_every_layerwise_configuration_names_its_moe_path(bench):
+    for name in bench.CONFIGS:
+        if name.startswith("layerwise"):
+            want = "1" if name.endswith("_lean") else "0"
+            assert bench.CONFIG_ENV[name] == {"SGLANG_SM120_LEAN_MOE": want}, name
+    assert "disabled" not in bench.CONFIG_ENV and "upstream" not in bench.CONFIG_ENV
+
+
+def test_every_size_lean_is_judged_against_full_graphs(bench):
+    up = _run({64: 18.6, 256: 22.6}, {}, _cap(2.0, 0.7, 14.0, 0.6))
+    every = _run({64: 20.9, 256: 23.1}, {}, _cap(0, 0, 16.0, 2.0))
+    lean = _run({64: 19.2, 256: 25.0}, {}, _cap(0, 0, 17.0, 2.6))
+    t = bench.compute_targets({"upstream": up, "layerwise_every_size": every, "layerwise_every_size_lean": lean})
+    assert t["every_size_lean_vs_full_graph_bs64"] == {"value": round(19.2 / 18.6, 4), "target": "<= 1.10", "met": True}
+    assert t["every_size_lean_vs_full_graph_bs256"]["met"] is False
+    assert t["every_size_vs_full_graph_bs64"]["met"] is False

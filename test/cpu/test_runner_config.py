@@ -336,3 +336,17 @@ def test_a_malformed_lean_prefill_cap_fails_at_server_args_time(monkeypatch):
     C.finalize(_args(prefill="disabled"))  # no layerwise prefill: the cap is not read
     monkeypatch.setenv(lean_moe.PREFILL_CAP_ENV, "2048")
     assert C.finalize(_args()).prefill is not None
+
+
+def test_lean_moe_is_on_by_default_and_a_malformed_switch_fails_at_server_args_time(monkeypatch):
+    from sglang.sm120.runner import lean_moe
+
+    monkeypatch.delenv(lean_moe.ENV, raising=False)
+    monkeypatch.setenv(lean_moe.PREFILL_CAP_ENV, "4k")  # read because lean is on without asking
+    with pytest.raises(ValueError, match=lean_moe.PREFILL_CAP_ENV):
+        C.finalize(_args())
+    monkeypatch.setenv(lean_moe.ENV, "0")  # off: the cap is not read
+    assert C.finalize(_args()).prefill is not None
+    monkeypatch.setenv(lean_moe.ENV, "on")
+    with pytest.raises(ValueError, match=lean_moe.ENV):
+        C.finalize(_args())

@@ -387,11 +387,16 @@ def test_gate_accepts_the_plain_path(kernels):
     assert lean_moe.call_refusal(layer, h, topk) is None
 
 
-def test_opt_in(monkeypatch):
+def test_on_by_default_off_with_0_and_a_bad_value_names_the_variable(monkeypatch):
     monkeypatch.delenv(lean_moe.ENV, raising=False)
-    assert not lean_moe.lean_moe_requested()
+    assert lean_moe.lean_moe_requested()
     monkeypatch.setenv(lean_moe.ENV, "1")
     assert lean_moe.lean_moe_requested()
+    monkeypatch.setenv(lean_moe.ENV, "0")
+    assert not lean_moe.lean_moe_requested()
+    monkeypatch.setenv(lean_moe.ENV, "yes")
+    with pytest.raises(ValueError, match=lean_moe.ENV):
+        lean_moe.lean_moe_requested()
 
 
 # ------------------------------------------------------------------------------------------------
@@ -538,7 +543,8 @@ def _prefill_backend(monkeypatch, env):
 
 
 @pytest.mark.parametrize("env, want", [
-    ({}, None),                                                          # not requested
+    ({}, lean_moe.DEFAULT_PREFILL_CAP),                                  # on by default
+    ({lean_moe.ENV: "0"}, None),                                         # turned off
     ({lean_moe.ENV: "1"}, lean_moe.DEFAULT_PREFILL_CAP),
     ({lean_moe.ENV: "1", lean_moe.PREFILL_CAP_ENV: "1024"}, 1024),
     ({lean_moe.ENV: "1", lean_moe.PREFILL_CAP_ENV: "0"}, None),          # lean decode, prefill off

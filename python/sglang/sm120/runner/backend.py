@@ -100,7 +100,7 @@ class _LayerwiseCommon:
         self.lean: Optional[LeanMoe] = LeanMoe(runner.device, lean_max_rows) if lean else None
         if lean:
             cap = "" if lean_max_rows is None else f", batches up to {lean_max_rows} tokens ({PREFILL_CAP_ENV})"
-            logger.info("layerwise %s: lean eager MoE requested (%s=1%s)", phase, LEAN_MOE_ENV, cap)
+            logger.info("layerwise %s: lean eager MoE on (%s=0 turns it off%s)", phase, LEAN_MOE_ENV, cap)
 
     # -- helpers -------------------------------------------------------------------------------
     def _sync_barrier(self) -> None:

@@ -14,7 +14,7 @@ layerwise session is open, hands the call to `cross(owner, *args, **kwargs)`. Se
 Per-forward Python state the MoE reads (e.g. whether the all-reduce is fused into the next
 layer) is snapshotted at capture by registered state providers and restored around each step.
 
-With a `LeanMoe` (lean_moe.py, opt-in), the probe also runs the lean step on the same inputs and
+With a `LeanMoe` (lean_moe.py, on by default), the probe also runs the lean step on the same inputs and
 compares; where every island of the size matched, the capture makes lean steps (upstream's
 kernels launched directly, combining into the output buffer) instead of calling the forward.
 """

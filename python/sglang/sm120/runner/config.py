@@ -284,8 +284,8 @@ def finalize(sa) -> Optional[Resolution]:
         pre.bs = list(prefill_plan.buckets)
         pre.max_bs = max(prefill_plan.buckets)
         pre.full_prefill_max_req = prefill_plan.req_slots
-        if lean_moe_requested():
-            lean_prefill_cap()  # a malformed cap fails here, before the model loads
+        if lean_moe_requested():  # a malformed switch or cap fails here, before the model loads
+            lean_prefill_cap()
 
     if decode_plan or prefill_plan:
         _set_env(DYNAMO_FREE_ENV, "1")

@@ -10,9 +10,11 @@ layer runs at a time, on one stream); at each step the same kernel entry points 
 same arguments, and the combine writes straight into the boundary's output buffer.
 
 Only the unquantized Triton path is taken, and only where it is the path upstream would take
-(`refusal` says why not, logged once per reason). Opt-in: SGLANG_SM120_LEAN_MOE=1, for decode
-and for the captured-attention prefill buckets up to SGLANG_SM120_LEAN_MOE_PREFILL_TOKENS
-(default 4096): the workspace grows with the rows (~290 MB at 4096 tokens, Qwen3-30B shapes).
+(`refusal` says why not, logged once per reason). On by default since the H200 run of
+2026-12-01 (session 7: bit-equal to upstream's path on real kernels, 2-3x less host time per
+layer; docs/runner.md 5.4); SGLANG_SM120_LEAN_MOE=0 turns it off. For decode and for the
+captured-attention prefill buckets up to SGLANG_SM120_LEAN_MOE_PREFILL_TOKENS (default 4096): the
+workspace grows with the rows (~290 MB at 4096 tokens, Qwen3-30B shapes).
 The boundary (ProbeSession) runs both paths on the warmup inputs of every size and keeps this
 one only where the results are torch.equal.
 """
@@ -34,7 +36,13 @@ DEFAULT_PREFILL_CAP = 4096
 
 
 def lean_moe_requested() -> bool:
-    return os.environ.get(ENV, "") == "1"
+    """SGLANG_SM120_LEAN_MOE: unset or 1 = on (the default), 0 = upstream's MoE path everywhere."""
+    raw = os.environ.get(ENV, "").strip()
+    if raw in ("", "1"):
+        return True
+    if raw == "0":
+        return False
+    raise ValueError(f"{ENV}={raw!r}: expected 1 (lean eager MoE, the default) or 0 (upstream's MoE path)")
 
 
 def lean_prefill_cap() -> int:
