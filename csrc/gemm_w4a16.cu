@@ -185,19 +185,22 @@ __global__ void __launch_bounds__(32 * WARPS) gemm_w4a16_kernel(const W4A16Param
         const uint2 sc = lds64(base + T::kWBytes + cc * 512 + rt * 64 + s_off);
         uint32_t s_lo, s_hi;
         e4m3x4_to_bf16x2_x2p118(__byte_perm(sc.x, sc.y, scale_sel), s_lo, s_hi);
-#define SM120_W4A16_STEP(DEC, XF)                                                        \
+// One MMA per 4 consecutive K of a K half: a0/a2 = pairs (2s, 2s+1) of row g's word, a1/a3 of
+// row g+8's, times that half's block scale; its B pair is two adjacent words of the same X load
+// (X at K 8t+4s..8t+4s+3), so the MMA reads them in place: no register moves to pair them up.
+#define SM120_W4A16_STEP(DEC_A, DEC_B, W_G, W_G8, S, X, XA, XB)                           \
   {                                                                                      \
-    const uint32_t a0 = bf16x2_mul_lo(DEC(wq.x), s_lo);                                  \
-    const uint32_t a1 = bf16x2_mul_hi(DEC(wq.y), s_lo);                                  \
-    const uint32_t a2 = bf16x2_mul_lo(DEC(wq.z), s_hi);                                  \
-    const uint32_t a3 = bf16x2_mul_hi(DEC(wq.w), s_hi);                                  \
+    const uint32_t a0 = bf16x2_mul_lo(DEC_A(W_G), S);                                    \
+    const uint32_t a1 = bf16x2_mul_hi(DEC_A(W_G8), S);                                   \
+    const uint32_t a2 = bf16x2_mul_lo(DEC_B(W_G), S);                                    \
+    const uint32_t a3 = bf16x2_mul_hi(DEC_B(W_G8), S);                                   \
     _Pragma("unroll") for (int mt = 0; mt < M_TILES; ++mt)                               \
-        mma_bf16_16816(acc[i][mt], a0, a1, a2, a3, xl[mt].XF, xh[mt].XF);                \
+        mma_bf16_16816(acc[i][mt], a0, a1, a2, a3, X[mt].XA, X[mt].XB);                  \
   }
-        SM120_W4A16_STEP(decode_pair0, x)
-        SM120_W4A16_STEP(decode_pair1, y)
-        SM120_W4A16_STEP(decode_pair2, z)
-        SM120_W4A16_STEP(decode_pair3, w)
+        SM120_W4A16_STEP(decode_pair0, decode_pair1, wq.x, wq.y, s_lo, xl, x, y)
+        SM120_W4A16_STEP(decode_pair2, decode_pair3, wq.x, wq.y, s_lo, xl, z, w)
+        SM120_W4A16_STEP(decode_pair0, decode_pair1, wq.z, wq.w, s_hi, xh, x, y)
+        SM120_W4A16_STEP(decode_pair2, decode_pair3, wq.z, wq.w, s_hi, xh, z, w)
 #undef SM120_W4A16_STEP
       }
     }

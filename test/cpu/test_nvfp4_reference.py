@@ -361,13 +361,17 @@ def _model_w4a16(pw, x):
                 # __byte_perm(scx, scy, tb | (4+tb)<<4 | (2+tb)<<8 | (6+tb)<<12)
                 sb = _byte(scx, tb) | (_byte(scy, tb) << 8) | (_byte(scx, 2 + tb) << 16) | (_byte(scy, 2 + tb) << 24)
                 s_lo, s_hi = _scale_x2p118(sb & 0xFFFF), _scale_x2p118(sb >> 16)
-                for j in range(4):
+                # MMA (h, s): K half h, pairs 2s / 2s+1 of the words of rows g and g+8 (a0, a1 / a2, a3),
+                # B from X at K 32h + 8t + 4s .. + 3 (two adjacent words of one X load)
+                for h, s in ((0, 0), (0, 1), (1, 0), (1, 1)):
                     a = np.zeros((16, 16), np.float64)
-                    regs = [(w[:, 0], s_lo, 0), (w[:, 1], s_lo, 1), (w[:, 2], s_hi, 0), (w[:, 3], s_hi, 1)]
+                    sh = (s_lo, s_hi)[h]
+                    regs = [(w[:, 2 * h], sh, 0, 2 * s), (w[:, 2 * h + 1], sh, 1, 2 * s),
+                            (w[:, 2 * h], sh, 0, 2 * s + 1), (w[:, 2 * h + 1], sh, 1, 2 * s + 1)]
                     frag = []
-                    for wi, s, which in regs:
+                    for wi, s_w, which, j in regs:
                         lo, hi = _bf16_halves(_decode_pair(wi, j))
-                        sv = _bf16_halves(s)[which]
+                        sv = _bf16_halves(s_w)[which]
                         plo, phi = lo.astype(np.float64) * sv, hi.astype(np.float64) * sv
                         # HMUL2 result must be exact in bf16
                         for p in (plo, phi):
@@ -384,10 +388,9 @@ def _model_w4a16(pw, x):
                             if tok >= m:
                                 continue
                             for tt in range(4):
-                                b[2 * tt, gg] = xp[tok, 64 * c + 8 * tt + 2 * j]
-                                b[2 * tt + 1, gg] = xp[tok, 64 * c + 8 * tt + 2 * j + 1]
-                                b[2 * tt + 8, gg] = xp[tok, 64 * c + 32 + 8 * tt + 2 * j]
-                                b[2 * tt + 9, gg] = xp[tok, 64 * c + 32 + 8 * tt + 2 * j + 1]
+                                k0 = 64 * c + 32 * h + 8 * tt + 4 * s
+                                b[2 * tt, gg], b[2 * tt + 1, gg] = xp[tok, k0], xp[tok, k0 + 1]
+                                b[2 * tt + 8, gg], b[2 * tt + 9, gg] = xp[tok, k0 + 2], xp[tok, k0 + 3]
                         res = a @ b
                         cols = [mt * 8 + gg for gg in range(8) if mt * 8 + gg < m]
                         acc[:, cols] += res[:, : len(cols)]
