@@ -131,21 +131,19 @@ def time_ops(ops, reps):
 def copy_bandwidth(log):
     """Bytes read + written per second of the fastest 1 GiB device-to-device copy. cudaMemcpy alone
     under-reads the H200 (2026-12-01: 2.73 TB/s, while a bf16 GEMM read its weights at 3.7 TB/s), so a
-    vectorized elementwise kernel is timed too and the faster one is the denominator. A read-only
-    reduction is reported beside it (a GEMV only reads); it is not the denominator."""
+    vectorized elementwise kernel is timed too and the faster one is the denominator."""
     n = 1 << 30
     src = torch.empty(n, dtype=torch.uint8, device="cuda").random_(0, 255)
     dst = torch.empty_like(src)
     s32, d32 = src.view(torch.int32), dst.view(torch.int32)
     ways = {"memcpy": lambda: dst.copy_(src), "elementwise": lambda: torch.bitwise_not(s32, out=d32)}
     by_way = {name: 2 * n / (time_ops([op], reps=20) * 1e-6) for name, op in ways.items()}
-    read_only = n / (time_ops([lambda: s32.sum(dtype=torch.int64)], reps=20) * 1e-6)
     bw = max(by_way.values())
     log("copy bandwidth (1 GiB device-to-device, read + write): " + ", ".join(
-        f"{k} {v / 1e12:.2f} TB/s" for k, v in by_way.items()) + f"; read-only sum {read_only / 1e12:.2f} TB/s")
+        f"{k} {v / 1e12:.2f} TB/s" for k, v in by_way.items()))
     del src, dst
     torch.cuda.empty_cache()
-    return bw, {k: round(v / 1e12, 3) for k, v in by_way.items()}, round(read_only / 1e12, 3)
+    return bw, {k: round(v / 1e12, 3) for k, v in by_way.items()}
 
 
 def launch_floor_us(reps):
@@ -422,7 +420,7 @@ def write_md(path, meta, rows, targets, extra, est, tuning):
          f"- commit: `{meta['commit']}`", f"- command: `{meta['command']}`",
          f"- copy bandwidth measured in this run: {meta['copy_bw_tbps']:.2f} TB/s, the faster of "
          + ", ".join(f"{k} {v:.2f}" for k, v in meta.get("copy_bw_tbps_by_method", {}).items())
-         + f" (read + write); read-only sum {meta.get('read_only_bw_tbps', float('nan')):.2f} TB/s",
+         + " (read + write)",
          f"- launch floor: {meta.get('launch_floor_us', float('nan')):.2f} us per call (one-element kernel in "
          "the same graph chain); 'at floor' = that floor + the call's bytes at the copy bandwidth",
          f"- timing: median of {meta['reps']} CUDA-graph replays, rotating weight copies > 2x L2",
@@ -496,7 +494,7 @@ def main():
             "kernel_archs": K.build_archs(), "reps": args.reps if not args.quick else 7}
     log(f"device {props.name} sm_{meta['capability'][0]}{meta['capability'][1]}, {props.multi_processor_count} SMs, "
         f"L2 {l2 >> 20} MB, kernels {meta['kernel_archs']}")
-    copy_bw, meta["copy_bw_tbps_by_method"], meta["read_only_bw_tbps"] = copy_bandwidth(log)
+    copy_bw, meta["copy_bw_tbps_by_method"] = copy_bandwidth(log)
     meta["copy_bw_tbps"] = copy_bw / 1e12
     floor_us = launch_floor_us(meta["reps"])
     meta["launch_floor_us"] = floor_us

@@ -5,7 +5,8 @@
 // (8 per MMA), so M = 1..8 wastes nothing on padding. Per 64-wide K chunk a thread loads one
 // 16-byte packed weight fragment (4 words: rows r and r+8, K halves), turns every bf16x2 pair into
 // bf16 with one or two rotate+mask ops, multiplies by its block scale (HMUL2 with a broadcast
-// half), and issues 4 bf16 m16n8k16 MMAs per 8-token tile.
+// half), and issues 4 bf16 m16n8k16 MMAs per 8-token tile, each on 4 consecutive K of one K half
+// (the MMA's K order is ours to choose as long as A and B agree).
 //   * 128 rows per CTA (one scale group: its scales are one 512-byte block per K chunk) as 4 warps
 //     x 2 row tiles x 16 rows, or 8 warps x 1 row tile (twice the warps per SM for the same grid:
 //     each warp's instruction stream is half as long; every accumulator sees the same MMAs in the
