@@ -221,6 +221,18 @@ def _worst_host_us(run: dict, min_size: int = 0):
     return max(us) if us else None
 
 
+def _vs_upstream(t: Dict[str, dict], runs: Dict[str, dict], pairs, times: str, sizes, what: str, limit: str) -> None:
+    """t[f"{prefix}_vs_{what}{size}"]: the configuration's time over upstream's, at most `limit`, for
+    each (configuration, prefix) that ran beside upstream."""
+    up = runs.get("upstream")
+    for name, prefix in pairs:
+        run = runs.get(name)
+        if run and up:
+            for size in sizes:
+                r = ratio(run[times].get(size), up[times].get(size))
+                t[f"{prefix}_vs_{what}{size}"] = _target(r, f"<= {limit}", lambda v: v <= float(limit))
+
+
 def compute_targets(runs: Dict[str, dict]) -> Dict[str, dict]:
     t: Dict[str, dict] = {}
     dis, up = runs.get("disabled"), runs.get("upstream")
@@ -236,12 +248,8 @@ def compute_targets(runs: Dict[str, dict]) -> Dict[str, dict]:
     if lean:
         t["lean_eager_moe_host_us_per_layer_all_sizes"] = _target(
             _worst_host_us(lean), "<= 100", lambda v: v <= 100)
-    for name, prefix in (("layerwise_every_size", "every_size"), ("layerwise_every_size_lean", "every_size_lean")):
-        run = runs.get(name)
-        if run and up:
-            for bs in ("64", "256"):
-                r = ratio(run["decode_s"].get(bs), up["decode_s"].get(bs))
-                t[f"{prefix}_vs_full_graph_bs{bs}"] = _target(r, "<= 1.10", lambda v: v <= 1.10)
+    _vs_upstream(t, runs, (("layerwise_every_size", "every_size"), ("layerwise_every_size_lean", "every_size_lean")),
+                 "decode_s", ("64", "256"), "full_graph_bs", "1.10")
     # the issue's comparison: the same decode sizes, layerwise vs full graphs; without
     # layerwise_every_size_256, sizes up to 1024 against upstream's up to 256 (an upper bound)
     same = runs.get("layerwise_every_size_256")
@@ -253,12 +261,8 @@ def compute_targets(runs: Dict[str, dict]) -> Dict[str, dict]:
             t["decode_graph_mem_layerwise_vs_full_same_sizes"]["note"] = (
                 "not the same sizes: layerwise_every_size captures up to 1024, upstream up to 256 "
                 "(run layerwise_every_size_256 for the comparison)")
-    for name, prefix in (("layerwise", "prefill"), ("layerwise_lean", "prefill_lean")):
-        run = runs.get(name)
-        if run and up:
-            for tokens in ("1024", "4096"):
-                r = ratio(run["prefill_s"].get(tokens), up["prefill_s"].get(tokens))
-                t[f"{prefix}_vs_breakable_{tokens}"] = _target(r, "<= 1.0", lambda v: v <= 1.0)
+    _vs_upstream(t, runs, (("layerwise", "prefill"), ("layerwise_lean", "prefill_lean")),
+                 "prefill_s", ("1024", "4096"), "breakable_", "1.0")
     if lw and up:
         r = ratio(lw["capture_totals"]["prefill"]["capture_s"], up["capture_totals"]["prefill"]["capture_s"])
         t["prefill_capture_time_vs_breakable"] = _target(r, "<= 0.5", lambda v: v <= 0.5)

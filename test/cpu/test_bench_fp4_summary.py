@@ -1,19 +1,12 @@
 """bench_fp4_gemm's targets without a GPU: the launch-floor bound beside each target and the split
 sweep's summary, on synthetic rows."""
-import importlib.util
-from pathlib import Path
-
 import pytest
-
-REPO = Path(__file__).resolve().parents[2]
+import repo_scripts
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("bench_fp4_gemm", REPO / "benchmarks" / "bench_fp4_gemm.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return repo_scripts.load("benchmarks/bench_fp4_gemm.py")
 
 
 def _row(bench, n, k, m, ours, bf16, marlin, floor_us=2.0, copy_bw=4e12, sweep=None):

@@ -1,19 +1,13 @@
 """bench_runner's bookkeeping without a GPU: merging the halves run on two GPUs and the targets."""
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
-
-REPO = Path(__file__).resolve().parents[2]
+import repo_scripts
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("bench_runner", REPO / "benchmarks" / "bench_runner.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return repo_scripts.load("benchmarks/bench_runner.py")
 
 
 def _run(decode_ms, prefill_ms, capture, host_us=()):

@@ -2,21 +2,15 @@
 sglang and its arguments bind to that loader (a renamed loader or a changed signature upstream
 would otherwise only show as a compile on the GPU host)."""
 import importlib
-import importlib.util
 import inspect
-from pathlib import Path
 
 import pytest
-
-REPO = Path(__file__).resolve().parents[2]
+import repo_scripts
 
 
 @pytest.fixture(scope="module")
 def prebuild():
-    spec = importlib.util.spec_from_file_location("prebuild_jit", REPO / "tools" / "gpu_host" / "prebuild_jit.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return repo_scripts.load("tools/gpu_host/prebuild_jit.py")
 
 
 def test_every_module_binds_to_its_loader(prebuild):
