@@ -350,3 +350,5 @@ def test_lean_moe_is_on_by_default_and_a_malformed_switch_fails_at_server_args_t
     monkeypatch.setenv(lean_moe.ENV, "on")
     with pytest.raises(ValueError, match=lean_moe.ENV):
         C.finalize(_args())
+    with pytest.raises(ValueError, match=lean_moe.ENV):  # decode-only layerwise checks it too
+        C.finalize(_args(prefill="disabled"))

@@ -284,10 +284,11 @@ def finalize(sa) -> Optional[Resolution]:
         pre.bs = list(prefill_plan.buckets)
         pre.max_bs = max(prefill_plan.buckets)
         pre.full_prefill_max_req = prefill_plan.req_slots
-        if lean_moe_requested():  # a malformed switch or cap fails here, before the model loads
-            lean_prefill_cap()
 
     if decode_plan or prefill_plan:
+        # a malformed lean MoE switch or prefill cap fails here, before the model loads
+        if lean_moe_requested() and prefill_plan:
+            lean_prefill_cap()
         _set_env(DYNAMO_FREE_ENV, "1")
         logger.info(
             "layerwise CUDA graphs: decode %s, prefill %s",
