@@ -290,6 +290,27 @@ def capture_time_lines(runs: Dict[str, dict], names: List[str]) -> List[str]:
             "| config | phase | size | warm pass | probe forward | captured forward |", "|---|---|---|---|---|---|", *rows]
 
 
+def capture_memory_lines(runs: Dict[str, dict], names: List[str]) -> List[str]:
+    """Where layerwise graph memory went (the capture report, since session 7): torch's allocator
+    (graph pool and eager caches) vs outside it (the driver's instantiated graphs, workspaces), and
+    the latter per segment graph: is it the pool or the number of graphs?"""
+    rows = []
+    for n in names:
+        for phase in ("prefill", "decode"):
+            rep = runs[n].get("capture", {}).get("layerwise", {}).get(phase, {})
+            if "allocator_bytes" not in rep:
+                continue
+            graphs = rep.get("graphs", 0)
+            per_graph = f"{rep['outside_allocator_bytes'] / graphs / 2**20:.2f}" if graphs else "-"
+            rows.append(f"| {n} | {phase} | {rep['mem_bytes'] / 2**30:.3f} | {rep['allocator_bytes'] / 2**30:.3f} | "
+                        f"{rep['outside_allocator_bytes'] / 2**30:.3f} | {graphs} | {per_graph} |")
+    if not rows:
+        return []
+    return ["", "## Layerwise capture memory (GB)", "",
+            "| config | phase | total | torch allocator | outside it | segment graphs | outside per graph (MB) |",
+            "|---|---|---|---|---|---|---|", *rows]
+
+
 def render_md(result: dict) -> str:
     runs = result["runs"]
     names = [n for n in CONFIGS if n in runs]
@@ -311,6 +332,7 @@ def render_md(result: dict) -> str:
         c = runs[n]["capture_totals"]
         lines.append(f"| {n} | {c['prefill']['capture_s']} | {c['prefill']['graph_mem_gb']} | {c['decode']['capture_s']} | {c['decode']['graph_mem_gb']} |")
     lines += capture_time_lines(runs, names)
+    lines += capture_memory_lines(runs, names)
     lines += ["", "## Targets", "", "| target | value | threshold | met |", "|---|---|---|---|"]
     for k, v in result["targets"].items():
         lines.append(f"| {k} | {v['value']} | {v['target']} | {'yes' if v['met'] else 'NO'}"

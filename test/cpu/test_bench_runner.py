@@ -156,3 +156,12 @@ def test_every_size_lean_is_judged_against_full_graphs(bench):
     assert t["every_size_lean_vs_full_graph_bs64"] == {"value": round(19.2 / 18.6, 4), "target": "<= 1.10", "met": True}
     assert t["every_size_lean_vs_full_graph_bs256"]["met"] is False
     assert t["every_size_vs_full_graph_bs64"]["met"] is False
+
+
+def test_capture_memory_table_splits_the_allocator_from_the_graphs(bench):
+    run = _run({}, {}, _cap(0, 0, 7.0, 1.3))
+    run["capture"] = {"layerwise": {"decode": {"mem_bytes": 3 << 30, "allocator_bytes": 1 << 30,
+                                               "outside_allocator_bytes": 2 << 30, "graphs": 1024}}}
+    lines = bench.capture_memory_lines({"layerwise_every_size_256": run}, ["layerwise_every_size_256"])
+    assert lines[-1] == "| layerwise_every_size_256 | decode | 3.000 | 1.000 | 2.000 | 1024 | 2.00 |"
+    assert bench.capture_memory_lines({"x": _run({}, {}, _cap(0, 0, 0, 0))}, ["x"]) == []  # older reports

@@ -46,8 +46,9 @@ def test_serving_steps_run_only_when_named(tmp_path):
     default = tmp_path / "default"
     default.mkdir()
     proc, calls = run(default)  # no steps named: the default list, without the serving session
-    # 9 steps; `kernels` runs kernels_check.sh, whose build, smoke and pytest are 3 calls
-    assert proc.returncode == 0 and len(calls) == 11
+    # 10 steps; `kernels` runs kernels_check.sh, whose build, smoke and pytest are 3 calls
+    assert proc.returncode == 0 and len(calls) == 12
+    assert calls[0].startswith("-m pytest") and "test_layerwise_traps.py" in calls[0]  # lean default first
     assert not {c.split()[0] for c in calls} & {"benchmarks/bench_serving_matrix.py", "benchmarks/soak.py"}
 
 
@@ -111,3 +112,22 @@ def test_kernels_step_builds_smokes_and_tests_without_the_quick_benchmark(tmp_pa
     assert [c.split()[:2] for c in calls] == [["-m", "forkbuild.kernels"], ["tools/gpu_host/kernels_smoke.py"],
                                               ["-m", "pytest"]]
     assert "bench: skipped (BENCH_CAP=0)" in (tmp_path / "res" / "kernels-check" / "summary.txt").read_text()
+
+
+def test_graph_memory_step_runs_the_probe_into_the_results(tmp_path):
+    proc, calls = run(tmp_path, "graph-memory")
+    assert proc.returncode == 0, proc.stdout
+    assert calls == [f"tools/gpu_host/graph_memory_probe.py --out {tmp_path / 'res' / 'graph-memory.json'}"]
+
+
+def test_graph_memory_probe_says_it_needs_a_gpu(tmp_path):
+    import sys
+
+    pytest.importorskip("torch")
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present: the probe would run")
+    proc = subprocess.run([sys.executable, str(REPO / "tools" / "gpu_host" / "graph_memory_probe.py"),
+                           "--out", str(tmp_path / "g.json")], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "needs a CUDA GPU" in proc.stderr and not (tmp_path / "g.json").exists()

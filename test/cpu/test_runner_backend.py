@@ -9,6 +9,7 @@ warm pass captures nothing.
 from __future__ import annotations
 
 import contextlib
+import json
 from types import SimpleNamespace
 
 import pytest
@@ -129,6 +130,7 @@ def test_full_below_ceiling_layerwise_above_both_replay_correctly():
     report = backend.report()
     assert report["full"] == [1, 2, 4] and report["layerwise"] == [8, 16]
     assert report["segments_per_size"] == 3 and report["moe_capturable"] is True
+    assert report["graphs"] == 2 * 3  # two layerwise sizes x 3 segments (the full graphs are upstream's)
     assert set(backend._graphs) == {ShapeKey(size=s) for s in (1, 2, 4)}
     _check_replays(backend, model, static_ids, sizes)
 
@@ -205,7 +207,7 @@ def test_oom_in_the_warm_pass_drops_before_capture():
     assert backend.servable_sizes() == [2] and backend.report()["dropped"] == [4, 8]
 
 
-def test_deferred_capture_warms_first_and_captures_under_armed_traps(monkeypatch):
+def test_deferred_capture_warms_first_and_captures_under_armed_traps(monkeypatch, capsys):
     """Runner flow: the constructor's capture() only warms (nothing captured, runner pending);
     startup.finish() arms the traps before the first graph, so a subprocess during capture raises."""
     import subprocess
@@ -248,7 +250,11 @@ def test_deferred_capture_warms_first_and_captures_under_armed_traps(monkeypatch
         def _lw_apply_servable(self):
             self.capture_bs = self._lw_servable()
 
-    monkeypatch.setattr(runners, "_free_bytes", lambda dm: 0)
+    # free memory drops 1000 B over the capture, of which the allocator took 300 B (the first
+    # capture attempt below stops at a trap after reading "before")
+    free, reserved = iter([5000, 5000, 4000]), iter([700, 700, 1000])
+    monkeypatch.setattr(runners, "_free_bytes", lambda dm: next(free))
+    monkeypatch.setattr(runners, "_reserved_bytes", lambda: next(reserved))
     monkeypatch.setattr("sglang.sm120.runner.prewarm.warm_sampling", lambda mr: None)
     monkeypatch.setenv(traps.ENV_MODE, "raise")
     try:
@@ -263,8 +269,13 @@ def test_deferred_capture_warms_first_and_captures_under_armed_traps(monkeypatch
         traps.disarm()
         spawn_during_capture.clear()
         backend.cleanup()
+        capsys.readouterr()
         runner.finish_layerwise_capture()
         assert runner._lw_finished and runner.capture_bs == [2, 4]
+        line = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith(runners.CAPTURE_TAG + " ")]
+        rep = json.loads(line[-1][len(runners.CAPTURE_TAG) + 1:])
+        assert (rep["mem_bytes"], rep["allocator_bytes"], rep["outside_allocator_bytes"]) == (1000, 300, 700)
+        assert rep["graphs"] == 2 * rep["segments_per_size"]
         _check_replays(backend, model, static_ids, [2, 4])
     finally:
         traps.disarm()

@@ -5,7 +5,7 @@
 #   bash tools/gpu_host/bg.sh start measure -- bash tools/gpu_host/measure_all.sh RESULTS [STEP...]
 #   bash tools/gpu_host/bg.sh wait measure 560       # in each following call; then copy RESULTS
 #
-# Steps, in the default order (most wanted figures first; each has its own time cap in seconds):
+# Steps (with none named, the list in STEPS=(...) below, most wanted first; each has its own cap in seconds):
 #   lean-moe     test_lean_moe.py: the lean eager MoE vs upstream's on real Triton kernels, bit for
 #                bit, and its host time per layer (decode and prefill rows)                      300
 #   kernels      tools/gpu_host/kernels_check.sh without its quick benchmark: build csrc here, the
@@ -14,6 +14,8 @@
 #   fp4-ncu      Nsight Compute on one launch per case of tools/gpu_host/profile_w4a16.py (W4A16
 #                at M 1/16 with the default and the 0.5x-SMs split plans, cuBLAS bf16 beside them):
 #                stall reasons, occupancy, DRAM throughput -> RESULTS/fp4-ncu.txt               300
+#   graph-memory tools/gpu_host/graph_memory_probe.py: device memory per instantiated CUDA graph
+#                outside torch's allocator (is layerwise's graph memory the number of graphs?)  180
 #   runner       benchmarks/bench_runner.py, every configuration, saved after each               2000
 #   moe-profile  bench_runner.py --profile-eager-moe: cProfile of the eager MoE steps (bs 64)     300
 #   traps        test_layerwise_traps.py, -k $TRAPS_K (default: qwen3_moe, bf16 and nvfp4)      600
@@ -46,8 +48,8 @@ cd "$(dirname "$0")/../.."
 [ $# -ge 1 ] || { sed -n '2,/^set -uo/p' "$0" | sed '$d' >&2; exit 2; }
 RES=$(mkdir -p "$1" && cd "$1" && pwd); shift
 STEPS=("$@")
-[ ${#STEPS[@]} -gt 0 ] || STEPS=(lean-moe kernels fp4 fp4-ncu runner moe-profile traps correctness eager-warmup)
-KNOWN="lean-moe kernels fp4 fp4-ncu runner moe-profile traps correctness eager-warmup client-ceiling serving soak serving-diag serving-soak serving-tw4"
+[ ${#STEPS[@]} -gt 0 ] || STEPS=(traps correctness graph-memory runner lean-moe kernels fp4 fp4-ncu moe-profile eager-warmup)
+KNOWN="lean-moe kernels fp4 fp4-ncu graph-memory runner moe-profile traps correctness eager-warmup client-ceiling serving soak serving-diag serving-soak serving-tw4"
 for s in "${STEPS[@]}"; do  # all checked before the first one starts
   case " $KNOWN " in *" $s "*) ;; *) echo "measure_all.sh: unknown step $s ($KNOWN)"; exit 2 ;; esac
 done
@@ -83,6 +85,8 @@ for s in "${STEPS[@]}"; do
           --log-file "$RES/fp4-ncu.txt" \
           "$PY" tools/gpu_host/profile_w4a16.py --cases-out "$RES/fp4-ncu-cases.json"
       fi ;;
+    graph-memory)
+      step graph-memory 180 "$PY" tools/gpu_host/graph_memory_probe.py --out "$RES/graph-memory.json" ;;
     runner)
       step runner 2000 "$PY" benchmarks/bench_runner.py --tag h200 --timeout 480 --results-dir "$RES" \
         --workdir "$RES/runner-work"

@@ -221,6 +221,7 @@ class _LayerwiseCommon:
         out.update(
             phase=self.phase,
             segments_per_size=max(segs) if segs else 0,
+            graphs=sum(segs),  # instantiated segment graphs, every size
             staging_bytes=self.arena.nbytes,
             size_timings={str(k): v for k, v in sorted(self.size_timings.items())},
         )

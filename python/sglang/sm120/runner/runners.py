@@ -39,6 +39,12 @@ def _free_bytes(device_module) -> int:
     return free
 
 
+def _reserved_bytes() -> int:
+    """What torch's caching allocator holds (graph pools included); the rest of a drop in free
+    memory is outside it (the driver's instantiated graphs, library workspaces)."""
+    return torch.cuda.memory_reserved() if torch.cuda.is_available() else 0
+
+
 class _DeferredCaptureMixin:
     _lw_started = False
     _lw_finished = False
@@ -56,13 +62,16 @@ class _DeferredCaptureMixin:
     def _lw_finish(self, run) -> None:
         self._lw_started = True
         tic = time.perf_counter()
-        before = _free_bytes(self.device_module)
+        before, reserved_before = _free_bytes(self.device_module), _reserved_bytes()
         run()
-        after = _free_bytes(self.device_module)
+        after, reserved_after = _free_bytes(self.device_module), _reserved_bytes()
         self._lw_finished = True
         self._lw_apply_servable()
         report = self.backend.report()
-        report.update(elapsed_s=round(time.perf_counter() - tic, 3), mem_bytes=before - after)
+        # graph memory split: torch's allocator (pool and eager caches) vs outside it, per graph
+        report.update(elapsed_s=round(time.perf_counter() - tic, 3), mem_bytes=before - after,
+                      allocator_bytes=reserved_after - reserved_before,
+                      outside_allocator_bytes=(before - after) - (reserved_after - reserved_before))
         logger.info(
             "layerwise %s capture: %.2f s, %.3f GB; full %s, layerwise %s, dropped %s, "
             "%d segments per layerwise size, staging %.1f MB",
