@@ -153,11 +153,6 @@ def launch_floor_us(reps):
     return time_ops([lambda: t.add_(1.0)] * 16, reps)
 
 
-def at_floor_us(floor_us, nbytes, copy_bw):
-    """The fastest plain-launch call: the launch floor plus its bytes at the copy bandwidth."""
-    return floor_us + nbytes / copy_bw * 1e6
-
-
 def copies_for(nbytes, l2):
     return max(2, math.ceil(2.5 * l2 / max(nbytes, 1)))
 
@@ -260,10 +255,8 @@ def bench_shape(name, n, k, ms, l2, copy_bw, floor_us, marlin, reps, log):
         r["ours_bw_pct"] = 100.0 * fp4_bytes(n, k, m) / (r["ours_us"] * 1e-6) / copy_bw
         r["ours_pdl_bw_pct"] = 100.0 * fp4_bytes(n, k, m) / (r["ours_pdl_us"] * 1e-6) / copy_bw
         r["bf16_bw_pct"] = 100.0 * bf16_bytes(n, k, m) / (r["bf16_us"] * 1e-6) / copy_bw
-        r["speedup_vs_bf16"] = r["bf16_us"] / r["ours_us"]
-        r["speedup_vs_bf16_pdl"] = r["bf16_us"] / r["ours_pdl_us"]
+        set_speedups(r)
         r["speedup_vs_bf16_cluster_pdl"] = r["bf16_us"] / r["ours_cluster_pdl_us"]
-        r["speedup_vs_marlin"] = r["marlin_us"] / r["ours_us"] if r["marlin_us"] else None
         add_floor_bounds(r, floor_us, copy_bw)
         rows.append(r)
         log(f"  {name:28s} M={m:4d}  ours {r['ours_us']:8.2f} us ({r['ours_bw_pct']:5.1f}% BW, "
@@ -280,6 +273,13 @@ def other_warps():
     return 8 if K.WARPS_DEFAULT == 4 else 4
 
 
+def set_speedups(r):
+    """The speedups the targets read, from the row's times (plain and PDL)."""
+    r["speedup_vs_bf16"] = r["bf16_us"] / r["ours_us"]
+    r["speedup_vs_bf16_pdl"] = r["bf16_us"] / r["ours_pdl_us"]
+    r["speedup_vs_marlin"] = r["marlin_us"] / r["ours_us"] if r.get("marlin_us") else None
+
+
 def rows_with_warps(rows, warps):
     """The rows with `ours` (plain and PDL) taken from the other warp count's columns, the metrics
     the targets read recomputed: the targets as they would be with that default."""
@@ -293,9 +293,7 @@ def rows_with_warps(rows, warps):
         scale = r["ours_us"] / q["ours_us"]
         q["ours_bw_pct"] = r["ours_bw_pct"] * scale
         q["ours_pdl_bw_pct"] = r["ours_pdl_bw_pct"] * r["ours_pdl_us"] / q["ours_pdl_us"]
-        q["speedup_vs_bf16"] = r["bf16_us"] / q["ours_us"]
-        q["speedup_vs_bf16_pdl"] = r["bf16_us"] / q["ours_pdl_us"]
-        q["speedup_vs_marlin"] = r["marlin_us"] / q["ours_us"] if r.get("marlin_us") else None
+        set_speedups(q)
         out.append(q)
     return out
 
@@ -305,11 +303,13 @@ ROW_SPLIT_TARGETS = (("0.25x", lambda sms: sms // 4), ("0.5x", lambda sms: sms /
 
 
 def add_floor_bounds(r, floor_us, copy_bw):
-    """What a kernel at the launch floor (at_floor_us) would score on this row: the best value each
-    target's metric can take here, given the measured floor, copy bandwidth, bf16 and Marlin times."""
-    ideal = at_floor_us(floor_us, fp4_bytes(r["N"], r["K"], r["M"]), copy_bw)
+    """What a kernel at the launch floor would score on this row (the fastest plain-launch call: the
+    floor plus its bytes at the copy bandwidth): the best value each target's metric can take here,
+    given the measured floor, copy bandwidth, bf16 and Marlin times."""
+    nbytes = fp4_bytes(r["N"], r["K"], r["M"])
+    ideal = floor_us + nbytes / copy_bw * 1e6
     r["at_floor_us"] = ideal
-    r["at_floor_bw_pct"] = 100.0 * fp4_bytes(r["N"], r["K"], r["M"]) / (ideal * 1e-6) / copy_bw
+    r["at_floor_bw_pct"] = 100.0 * nbytes / (ideal * 1e-6) / copy_bw
     r["at_floor_speedup_vs_bf16"] = r["bf16_us"] / ideal
     r["at_floor_speedup_vs_marlin"] = r["marlin_us"] / ideal if r.get("marlin_us") else None
 
@@ -378,7 +378,7 @@ def summarize(rows, marlin_reason):
         targets[name] = {
             "value": round(min(vals), 2) if vals else None, "target": threshold,
             "met": bool(vals) and min(vals) >= threshold,
-            # the same statistic for a kernel at the launch floor (at_floor_us), and how many of
+            # the same statistic for a kernel at the launch floor (add_floor_bounds), and how many of
             # the judged rows even that kernel would miss: what the H200 allows on these rows
             "at_floor_bound": round(min(bound), 2) if bound else None,
             "rows_unreachable_at_floor": sum(v < threshold for v in bound), "rows": len(vals),
