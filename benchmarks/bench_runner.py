@@ -1,24 +1,23 @@
 #!/usr/bin/env python3
 """Layerwise CUDA-graph runner vs upstream, side by side on one GPU (Qwen3-30B-A3B shapes).
 
-One run measures seven configurations with upstream's one-batch benchmark
+One run measures five configurations with upstream's one-batch benchmark
 (`python -m sglang.benchmark.one_batch`, model built in-process, `--load-format dummy`, bf16,
 FlashInfer attention, 128-token prompts, 8 output tokens; every batch size PASSES = 3 times, the
 median reported, every sample kept):
 
   disabled              graphs off in both phases
   upstream              decode `full` (ceiling 256), prefill `breakable` at 128/1024/4096 tokens
-  layerwise             both phases layerwise (decode: full <= 256, layerwise above, up to 1024;
-                        prefill buckets 128/1024/4096 via the legacy --piecewise-cuda-graph-tokens),
-                        upstream's eager MoE path (SGLANG_SM120_LEAN_MOE=0)
-  layerwise_every_size  the same with --cuda-graph-layerwise-every-size
+  layerwise             the product's default: both phases layerwise (decode: full <= 256,
+                        layerwise above, up to 1024; prefill buckets 128/1024/4096 via the legacy
+                        --piecewise-cuda-graph-tokens), the lean eager MoE (SGLANG_SM120_LEAN_MOE=1)
+  layerwise_every_size  the same with --cuda-graph-layerwise-every-size: every decode size
+                        layerwise, bs 1 included (host time per MoE layer at every size)
   layerwise_every_size_256  every size layerwise, upstream's decode sizes (<= 256): graph memory
                         for the same sizes as upstream's full graphs
-  layerwise_every_size_lean  every decode size layerwise with the lean eager MoE
-                        (SGLANG_SM120_LEAN_MOE=1): its host time per layer
-  layerwise_lean        layerwise's sizes with the lean eager MoE in decode and in the prefill
-                        buckets: prefill against breakable. The product's default since session 7
-                        (the lean MoE is on unless SGLANG_SM120_LEAN_MOE=0)
+
+and, when named with --configs, the first two layerwise ones on upstream's eager MoE path
+(SGLANG_SM120_LEAN_MOE=0): layerwise_upstream_moe, layerwise_every_size_upstream_moe.
 
 Decode step latency at bs {1, 8, 64, 256, 512, 1024}; prefill latency at 128/1024/4096 tokens
 (bs 1/8/32 x 128); capture time and graph memory from the capture logs; host time per eager MoE
@@ -26,7 +25,7 @@ step from the layerwise replays. Writes benchmarks/results/runner-<tag>.json (+ 
 top-level "targets" object. Configurations can be run in separate invocations (each must fit
 the GPU host's 10-minute command limit) and merged: --configs ... --out SAME_FILE.
 
-    python benchmarks/bench_runner.py --tag h200                      # everything (~7 min on the H200)
+    python benchmarks/bench_runner.py --tag h200                      # the five (~5 min on the H200)
     python benchmarks/bench_runner.py --tag h200 --configs disabled upstream
     python benchmarks/bench_runner.py --tag h200 --configs layerwise layerwise_every_size
     python benchmarks/bench_runner.py --diagnose-eager-warmup         # see docs/runner.md
@@ -90,26 +89,16 @@ CONFIGS: Dict[str, List[str]] = {
         "--cuda-graph-backend-decode", "layerwise", "--cuda-graph-layerwise-every-size",
         "--cuda-graph-max-bs", "256", "--cuda-graph-backend-prefill", "disabled",
     ],
-    # every decode size layerwise with the lean eager MoE (CONFIG_ENV): its host time per layer
-    # against layerwise_every_size's, at the same sizes, bs 1 included
-    "layerwise_every_size_lean": [
-        "--cuda-graph-backend-decode", "layerwise", "--cuda-graph-layerwise-every-size",
-        "--cuda-graph-backend-prefill", "disabled",
-    ],
-    # layerwise's sizes with the lean eager MoE in decode and in the prefill buckets up to
-    # SGLANG_SM120_LEAN_MOE_PREFILL_TOKENS (default 4096): prefill against breakable
-    "layerwise_lean": [
-        "--cuda-graph-backend-decode", "layerwise", "--cuda-graph-backend-prefill", "layerwise",
-        "--piecewise-cuda-graph-tokens", *PREFILL_BUCKETS,
-    ],
 }
+# on request: the same sizes on upstream's eager MoE path (what SGLANG_SM120_LEAN_MOE=0 selects)
+UPSTREAM_MOE_OF = {"layerwise_upstream_moe": "layerwise", "layerwise_every_size_upstream_moe": "layerwise_every_size"}
+DEFAULT_CONFIGS = list(CONFIGS)
+CONFIGS.update({name: CONFIGS[of] for name, of in UPSTREAM_MOE_OF.items()})
 # environment a configuration adds to its one_batch process: every layerwise configuration names
-# its eager MoE path (the lean one is the default since session 7), so a row means the same
-# whatever the default
+# its eager MoE path, so a row means the same whatever the default
 _UPSTREAM_MOE, _LEAN_MOE = {"SGLANG_SM120_LEAN_MOE": "0"}, {"SGLANG_SM120_LEAN_MOE": "1"}
 CONFIG_ENV: Dict[str, Dict[str, str]] = {
-    "layerwise": _UPSTREAM_MOE, "layerwise_every_size": _UPSTREAM_MOE, "layerwise_every_size_256": _UPSTREAM_MOE,
-    "layerwise_every_size_lean": _LEAN_MOE, "layerwise_lean": _LEAN_MOE,
+    name: (_UPSTREAM_MOE if name in UPSTREAM_MOE_OF else _LEAN_MOE) for name in CONFIGS if name.startswith("layerwise")
 }
 CAPTURE_RE = re.compile(
     r"Capture (?:target )?(prefill|decode) CUDA graph end\. elapsed=([\d.]+) s, mem usage=([\d.]+) GB"
@@ -233,6 +222,21 @@ def _vs_upstream(t: Dict[str, dict], runs: Dict[str, dict], pairs, times: str, s
                 t[f"{prefix}_vs_{what}{size}"] = _target(r, f"<= {limit}", lambda v: v <= float(limit))
 
 
+def size_memory_totals(run: dict, phase: str, kind: str, sizes=None) -> Dict[str, float]:
+    """GB a run's capture took for its `kind` (full / layerwise) sizes of `phase`, summed from the
+    capture report's per-size readings (sizes: only those); {} when the report has none."""
+    per_size = run.get("capture", {}).get("layerwise", {}).get(phase, {}).get("size_memory", {})
+    picked = {int(k): v for k, v in per_size.items()
+              if v.get("kind") == kind and (sizes is None or int(k) in sizes)}
+    if not picked:
+        return {}
+    out = {part: round(sum(v[part] for v in picked.values()) / 2**30, 4)
+           for part in ("allocated", "reserved", "pool", "outside")}
+    out["graph"] = round(out["pool"] + out["outside"], 4)  # the graph pool's growth + the driver's
+    out["sizes"] = sorted(picked)
+    return out
+
+
 def compute_targets(runs: Dict[str, dict]) -> Dict[str, dict]:
     t: Dict[str, dict] = {}
     dis, up = runs.get("disabled"), runs.get("upstream")
@@ -241,14 +245,14 @@ def compute_targets(runs: Dict[str, dict]) -> Dict[str, dict]:
         for bs in ("512", "1024"):
             sp = ratio(dis["decode_s"].get(bs), lw["decode_s"].get(bs))
             t[f"decode_speedup_vs_eager_bs{bs}"] = _target(sp, ">= 1.6", lambda v: v >= 1.6)
-    if lw:
-        t["eager_moe_host_us_per_layer_bs512_1024"] = _target(
-            _worst_host_us(lw, min_size=512), "<= 100", lambda v: v <= 100)
-    lean = runs.get("layerwise_every_size_lean")
-    if lean:
-        t["lean_eager_moe_host_us_per_layer_all_sizes"] = _target(
-            _worst_host_us(lean), "<= 100", lambda v: v <= 100)
-    _vs_upstream(t, runs, (("layerwise_every_size", "every_size"), ("layerwise_every_size_lean", "every_size_lean")),
+    for name, key, min_size in (("layerwise", "eager_moe_host_us_per_layer_bs512_1024", 512),
+                                ("layerwise_every_size", "eager_moe_host_us_per_layer_all_sizes", 0),
+                                ("layerwise_upstream_moe", "upstream_moe_host_us_per_layer_bs512_1024", 512),
+                                ("layerwise_every_size_upstream_moe", "upstream_moe_host_us_per_layer_all_sizes", 0)):
+        if runs.get(name):
+            t[key] = _target(_worst_host_us(runs[name], min_size=min_size), "<= 100", lambda v: v <= 100)
+    _vs_upstream(t, runs, (("layerwise_every_size", "every_size"),
+                           ("layerwise_every_size_upstream_moe", "every_size_upstream_moe")),
                  "decode_s", ("64", "256"), "full_graph_bs", "1.10")
     # the issue's comparison: the same decode sizes, layerwise vs full graphs; without
     # layerwise_every_size_256, sizes up to 1024 against upstream's up to 256 (an upper bound)
@@ -257,16 +261,51 @@ def compute_targets(runs: Dict[str, dict]) -> Dict[str, dict]:
     if mem_run and up:
         r = ratio(mem_run["capture_totals"]["decode"]["graph_mem_gb"], up["capture_totals"]["decode"]["graph_mem_gb"])
         t["decode_graph_mem_layerwise_vs_full_same_sizes"] = _target(r, "<= 0.5", lambda v: v <= 0.5)
+        t["decode_graph_mem_layerwise_vs_full_same_sizes"]["measure"] = (
+            "drop in free memory over each configuration's whole decode capture (upstream's log line, "
+            "plus the layerwise capture report): warm-up forwards' allocator growth included")
         if not same:
             t["decode_graph_mem_layerwise_vs_full_same_sizes"]["note"] = (
                 "not the same sizes: layerwise_every_size captures up to 1024, upstream up to 256 "
                 "(run layerwise_every_size_256 for the comparison)")
-    _vs_upstream(t, runs, (("layerwise", "prefill"), ("layerwise_lean", "prefill_lean")),
+    # the same comparison size by size, from one reading around each size's capture in both runs:
+    # layerwise_every_size_256's layerwise sizes vs layerwise's full-graph sizes (upstream's
+    # full backend, called by ours), graph pool growth + memory outside the allocator
+    if same and lw:
+        full = size_memory_totals(lw, "decode", "full")
+        seg = size_memory_totals(same, "decode", "layerwise", sizes=set(full.get("sizes", [])))
+        if full and seg and seg["sizes"] == full["sizes"]:
+            r = ratio(seg["graph"], full["graph"])
+            t["decode_graph_mem_per_size_layerwise_vs_full"] = dict(
+                _target(r, "<= 0.5", lambda v: v <= 0.5),
+                measure=f"sum over the {len(full['sizes'])} sizes of graph-pool growth + memory outside "
+                        f"torch's allocator around each size's capture: layerwise {seg['graph']} GB, "
+                        f"full graphs {full['graph']} GB")
+    _vs_upstream(t, runs, (("layerwise", "prefill"), ("layerwise_upstream_moe", "prefill_upstream_moe")),
                  "prefill_s", ("1024", "4096"), "breakable_", "1.0")
     if lw and up:
         r = ratio(lw["capture_totals"]["prefill"]["capture_s"], up["capture_totals"]["prefill"]["capture_s"])
         t["prefill_capture_time_vs_breakable"] = _target(r, "<= 0.5", lambda v: v <= 0.5)
     return t
+
+
+def size_memory_lines(runs: Dict[str, dict], names: List[str]) -> List[str]:
+    """Per configuration and kind of size, what the captures took (GB), from the per-size readings."""
+    rows = []
+    for n in names:
+        for phase in ("prefill", "decode"):
+            for kind in ("full", "layerwise"):
+                m = size_memory_totals(runs[n], phase, kind)
+                if m:
+                    rows.append(f"| {n} | {phase} | {kind} | {len(m['sizes'])} | {m['allocated']:.3f} | "
+                                f"{m['reserved']:.3f} | {m['pool']:.3f} | {m['outside']:.3f} | {m['graph']:.3f} |")
+    if not rows:
+        return []
+    return ["", "## Graph memory by captured size (GB, summed over the sizes)", "",
+            "Read around each size's capture: live tensors (allocated), torch's allocator (reserved), "
+            "the graph pool's part of it (pool), outside the allocator (the driver); graph = pool + outside.", "",
+            "| config | phase | kind | sizes | allocated | reserved | pool | outside | graph |",
+            "|---|---|---|---|---|---|---|---|---|", *rows]
 
 
 def capture_time_lines(runs: Dict[str, dict], names: List[str]) -> List[str]:
@@ -333,6 +372,7 @@ def render_md(result: dict) -> str:
         lines.append(f"| {n} | {c['prefill']['capture_s']} | {c['prefill']['graph_mem_gb']} | {c['decode']['capture_s']} | {c['decode']['graph_mem_gb']} |")
     lines += capture_time_lines(runs, names)
     lines += capture_memory_lines(runs, names)
+    lines += size_memory_lines(runs, names)
     lines += ["", "## Targets", "", "| target | value | threshold | met |", "|---|---|---|---|"]
     for k, v in result["targets"].items():
         lines.append(f"| {k} | {v['value']} | {v['target']} | {'yes' if v['met'] else 'NO'}"
@@ -427,7 +467,7 @@ def main(argv=None) -> None:
     # Default order: `disabled` first, so its eager passes pay the first-use compiles (Triton MoE
     # kernels per config) that would otherwise land in whichever configuration captures first
     # (2026-12-01: layerwise prefill capture 78.7 s when first vs 3.7 s for the same config last).
-    ap.add_argument("--configs", nargs="+", choices=list(CONFIGS), default=list(CONFIGS))
+    ap.add_argument("--configs", nargs="+", choices=list(CONFIGS), default=DEFAULT_CONFIGS)
     ap.add_argument("--workdir", default=None, help="logs and the model config (default: a temp dir)")
     ap.add_argument("--timeout", type=int, default=900, help="per-configuration limit in seconds")
     ap.add_argument("--tp", type=int, default=1, help="tensor-parallel size of every configuration")

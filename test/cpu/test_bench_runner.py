@@ -86,7 +86,36 @@ def test_graph_memory_target_compares_the_same_sizes(bench):
     assert not entry["met"] and "not the same sizes" in entry["note"]
     same = _run({64: 21.0}, {}, _cap(0, 0, 5.0, 0.25))
     t = bench.compute_targets({"upstream": up, "layerwise_every_size": every, "layerwise_every_size_256": same})
-    assert t["decode_graph_mem_layerwise_vs_full_same_sizes"] == {"value": 0.4032, "target": "<= 0.5", "met": True}
+    entry = t["decode_graph_mem_layerwise_vs_full_same_sizes"]
+    assert {k: entry[k] for k in ("value", "target", "met")} == {"value": 0.4032, "target": "<= 0.5", "met": True}
+    assert "warm-up" in entry["measure"] and "note" not in entry
+
+
+def _size_memory(kinds, per_size_gb):
+    """A capture report's per-size readings: each size takes per_size_gb (pool, outside) GB."""
+    g = 2**30
+    return {str(size): {"kind": kind, "allocated": 0, "reserved": int(per_size_gb[0] * g), "pool": int(per_size_gb[0] * g),
+                        "outside": int(per_size_gb[1] * g)} for size, kind in kinds.items()}
+
+
+def test_per_size_graph_memory_compares_layerwise_sizes_with_the_same_full_sizes(bench):
+    up = _run({64: 20.0}, {}, _cap(3.0, 0.7, 17.5, 0.62))
+    lw = _run({}, {}, _cap(3.0, 0.7, 17.5, 1.0))
+    lw["capture"] = {"layerwise": {"decode": {"size_memory": _size_memory(
+        {1: "full", 2: "full", 4: "full", 512: "layerwise"}, (0.01, 0.1))}}}
+    same = _run({64: 21.0}, {}, _cap(0, 0, 5.0, 0.25))
+    same["capture"] = {"layerwise": {"decode": {"size_memory": _size_memory(
+        {1: "layerwise", 2: "layerwise", 4: "layerwise"}, (0.002, 0.02))}}}
+    t = bench.compute_targets({"upstream": up, "layerwise": lw, "layerwise_every_size_256": same})
+    entry = t["decode_graph_mem_per_size_layerwise_vs_full"]
+    assert entry["value"] == 0.2 and entry["met"] and "3 sizes" in entry["measure"]
+    assert bench.size_memory_totals(lw, "decode", "layerwise")["sizes"] == [512]
+    lines = bench.size_memory_lines({"layerwise": lw}, ["layerwise"])
+    assert "| layerwise | decode | full | 3 | 0.000 | 0.030 | 0.030 | 0.300 | 0.330 |" in lines
+    # sizes that do not match (a size dropped in one run): no per-size figure rather than a skewed one
+    del same["capture"]["layerwise"]["decode"]["size_memory"]["4"]
+    assert "decode_graph_mem_per_size_layerwise_vs_full" not in bench.compute_targets(
+        {"upstream": up, "layerwise": lw, "layerwise_every_size_256": same})
 
 
 def test_rows_of_several_passes_give_medians_and_keep_samples(bench):
@@ -109,22 +138,23 @@ def test_lean_configuration_sets_its_env_and_has_a_host_time_target(bench, tmp_p
 
     monkeypatch.setattr(bench.subprocess, "run", fake_subprocess_run)
     with pytest.raises(SystemExit):
-        bench.run_one_batch(tmp_path, "layerwise_every_size_lean", bench.CONFIGS["layerwise_every_size_lean"],
-                            tmp_path, 1)
+        bench.run_one_batch(tmp_path, "layerwise_every_size", bench.CONFIGS["layerwise_every_size"], tmp_path, 1)
     assert seen["SGLANG_SM120_LEAN_MOE"] == "1" and seen["SGLANG_SM120_LAYERWISE_TIMING"] == "1"
-    lean = {"host_step": {"decode": [{"size": 1, "step_host_us": 80.0}, {"size": 1024, "step_host_us": 120.0}]}}
-    t = bench.compute_targets({"layerwise_every_size_lean": lean})
-    assert t["lean_eager_moe_host_us_per_layer_all_sizes"] == {"value": 120.0, "target": "<= 100", "met": False}
+    every = {"host_step": {"decode": [{"size": 1, "step_host_us": 80.0}, {"size": 1024, "step_host_us": 120.0}]}}
+    up_moe = {"host_step": {"decode": [{"size": 512, "step_host_us": 400.0}]}}
+    t = bench.compute_targets({"layerwise_every_size": every, "layerwise_upstream_moe": up_moe})
+    assert t["eager_moe_host_us_per_layer_all_sizes"] == {"value": 120.0, "target": "<= 100", "met": False}
+    assert t["upstream_moe_host_us_per_layer_bs512_1024"]["value"] == 400.0
 
 
-def test_lean_prefill_configuration_is_judged_against_breakable(bench):
-    assert bench.CONFIG_ENV["layerwise_lean"] == {"SGLANG_SM120_LEAN_MOE": "1"}
-    assert bench.CONFIGS["layerwise_lean"] == bench.CONFIGS["layerwise"]  # same sizes, lean steps only
+def test_upstream_moe_prefill_configuration_is_judged_against_breakable(bench):
+    assert bench.CONFIG_ENV["layerwise_upstream_moe"] == {"SGLANG_SM120_LEAN_MOE": "0"}
+    assert bench.CONFIGS["layerwise_upstream_moe"] == bench.CONFIGS["layerwise"]  # same sizes, other MoE path
     up = _run({}, {1024: 28.0, 4096: 60.0}, _cap(3.0, 0.6, 20.0, 0.7))
-    lean = _run({}, {1024: 27.0, 4096: 63.0}, _cap(3.5, 0.6, 9.0, 0.5))
-    t = bench.compute_targets({"upstream": up, "layerwise_lean": lean})
-    assert t["prefill_lean_vs_breakable_1024"] == {"value": round(27.0 / 28.0, 4), "target": "<= 1.0", "met": True}
-    assert t["prefill_lean_vs_breakable_4096"]["met"] is False
+    other = _run({}, {1024: 27.0, 4096: 63.0}, _cap(3.5, 0.6, 9.0, 0.5))
+    t = bench.compute_targets({"upstream": up, "layerwise_upstream_moe": other})
+    assert t["prefill_upstream_moe_vs_breakable_1024"] == {"value": round(27.0 / 28.0, 4), "target": "<= 1.0", "met": True}
+    assert t["prefill_upstream_moe_vs_breakable_4096"]["met"] is False
     assert "prefill_vs_breakable_1024" not in t  # layerwise itself did not run
 
 
@@ -143,19 +173,23 @@ def test_capture_time_by_step_in_the_md(bench):
 def test_every_layerwise_configuration_names_its_moe_path(bench):
     for name in bench.CONFIGS:
         if name.startswith("layerwise"):
-            want = "1" if name.endswith("_lean") else "0"
+            want = "0" if name.endswith("_upstream_moe") else "1"
             assert bench.CONFIG_ENV[name] == {"SGLANG_SM120_LEAN_MOE": want}, name
     assert "disabled" not in bench.CONFIG_ENV and "upstream" not in bench.CONFIG_ENV
+    # a plain run measures the product's default and upstream's; the upstream-MoE ones on request
+    assert bench.DEFAULT_CONFIGS == ["disabled", "upstream", "layerwise", "layerwise_every_size",
+                                     "layerwise_every_size_256"]
 
 
-def test_every_size_lean_is_judged_against_full_graphs(bench):
+def test_every_size_is_judged_against_full_graphs_on_both_moe_paths(bench):
     up = _run({64: 18.6, 256: 22.6}, {}, _cap(2.0, 0.7, 14.0, 0.6))
-    every = _run({64: 20.9, 256: 23.1}, {}, _cap(0, 0, 16.0, 2.0))
-    lean = _run({64: 19.2, 256: 25.0}, {}, _cap(0, 0, 17.0, 2.6))
-    t = bench.compute_targets({"upstream": up, "layerwise_every_size": every, "layerwise_every_size_lean": lean})
-    assert t["every_size_lean_vs_full_graph_bs64"] == {"value": round(19.2 / 18.6, 4), "target": "<= 1.10", "met": True}
-    assert t["every_size_lean_vs_full_graph_bs256"]["met"] is False
-    assert t["every_size_vs_full_graph_bs64"]["met"] is False
+    every = _run({64: 19.2, 256: 25.0}, {}, _cap(0, 0, 17.0, 2.6))
+    up_moe = _run({64: 20.9, 256: 23.1}, {}, _cap(0, 0, 16.0, 2.0))
+    t = bench.compute_targets({"upstream": up, "layerwise_every_size": every,
+                               "layerwise_every_size_upstream_moe": up_moe})
+    assert t["every_size_vs_full_graph_bs64"] == {"value": round(19.2 / 18.6, 4), "target": "<= 1.10", "met": True}
+    assert t["every_size_vs_full_graph_bs256"]["met"] is False
+    assert t["every_size_upstream_moe_vs_full_graph_bs64"]["met"] is False
 
 
 def test_capture_memory_table_splits_the_allocator_from_the_graphs(bench):

@@ -46,9 +46,12 @@ def test_serving_steps_run_only_when_named(tmp_path):
     default = tmp_path / "default"
     default.mkdir()
     proc, calls = run(default)  # no steps named: the default list, without the serving session
-    # 10 steps; `kernels` runs kernels_check.sh, whose build, smoke and pytest are 3 calls
-    assert proc.returncode == 0 and len(calls) == 12
-    assert calls[0].startswith("-m pytest") and "test_layerwise_traps.py" in calls[0]  # lean default first
+    # 11 steps; `kernels` runs kernels_check.sh, whose build, smoke and pytest are 3 calls
+    assert proc.returncode == 0 and len(calls) == 13
+    # the lean MoE's own check first (everything after it uses the lean default), then the runner's
+    assert calls[0].startswith("-m pytest") and "test_lean_moe.py" in calls[0]
+    assert [c.split()[0] for c in calls[1:4]] == ["tools/gpu_host/graph_memory_probe.py",
+                                                 "benchmarks/bench_runner.py", "benchmarks/prefill_profile.py"]
     assert not {c.split()[0] for c in calls} & {"benchmarks/bench_serving_matrix.py", "benchmarks/soak.py"}
 
 

@@ -300,3 +300,26 @@ def test_report_times_each_size_warm_probe_and_capture():
         assert all(v >= 0 for v in timings[size].values())
     for size in ("1", "2"):  # full graphs: upstream's capture, only the warm pass is ours
         assert set(timings[size]) == {"warm_s"}
+
+
+def test_report_splits_each_captured_sizes_memory_by_kind():
+    from sglang.sm120.runner.backend import memory_delta
+
+    model = ToyModel(layers=2)
+    for layer in model.layers:
+        layer.experts.__class__ = DenseMoE
+    sizes = [1, 2, 4, 8]
+    backend, static_ids = _make(model, sizes, full_max_bs=2)
+    _capture_all(backend, model, static_ids, sizes)
+    report = backend.report()
+    mem = report["size_memory"]
+    assert {k: v["kind"] for k, v in mem.items()} == {"1": "full", "2": "full", "4": "layerwise", "8": "layerwise"}
+    for v in mem.values():  # no CUDA here: every part reads 0
+        assert {k: v[k] for k in ("allocated", "reserved", "pool", "outside")} == dict.fromkeys(
+            ("allocated", "reserved", "pool", "outside"), 0)
+    assert report["memory_accounting_s"] >= 0
+    # 10 MB left free memory: 6 MB of it into torch's allocator (4 MB of that the graph pool), 4 MB outside
+    before = {"allocated": 100, "reserved": 1000, "pool": 200, "free": 50_000_000}
+    after = {"allocated": 150, "reserved": 1000 + 6_000_000, "pool": 200 + 4_000_000, "free": 40_000_000}
+    assert memory_delta(before, after) == {"allocated": 50, "reserved": 6_000_000, "pool": 4_000_000,
+                                           "outside": 4_000_000}

@@ -16,7 +16,9 @@
 #                stall reasons, occupancy, DRAM throughput -> RESULTS/fp4-ncu.txt               300
 #   graph-memory tools/gpu_host/graph_memory_probe.py: device memory per instantiated CUDA graph
 #                outside torch's allocator (is layerwise's graph memory the number of graphs?)  180
-#   runner       benchmarks/bench_runner.py, every configuration, saved after each               2000
+#   runner       benchmarks/bench_runner.py, its five default configurations, saved after each  2000
+#   prefill-profile benchmarks/prefill_profile.py: GPU kernel timeline of upstream breakable vs
+#                layerwise prefill at 1024 / 4096 tokens (busy / idle, by kernel group)          600
 #   moe-profile  bench_runner.py --profile-eager-moe: cProfile of the eager MoE steps (bs 64)     300
 #   traps        test_layerwise_traps.py, -k $TRAPS_K (default: qwen3_moe, bf16 and nvfp4)      600
 #   correctness  quick grid of test_layerwise_correctness.py, -k $CORRECTNESS_K (default: every
@@ -48,8 +50,8 @@ cd "$(dirname "$0")/../.."
 [ $# -ge 1 ] || { sed -n '2,/^set -uo/p' "$0" | sed '$d' >&2; exit 2; }
 RES=$(mkdir -p "$1" && cd "$1" && pwd); shift
 STEPS=("$@")
-[ ${#STEPS[@]} -gt 0 ] || STEPS=(traps correctness graph-memory runner lean-moe kernels fp4 fp4-ncu moe-profile eager-warmup)
-KNOWN="lean-moe kernels fp4 fp4-ncu graph-memory runner moe-profile traps correctness eager-warmup client-ceiling serving soak serving-diag serving-soak serving-tw4"
+[ ${#STEPS[@]} -gt 0 ] || STEPS=(lean-moe graph-memory runner prefill-profile traps correctness kernels fp4 fp4-ncu moe-profile eager-warmup)
+KNOWN="lean-moe kernels fp4 fp4-ncu graph-memory runner prefill-profile moe-profile traps correctness eager-warmup client-ceiling serving soak serving-diag serving-soak serving-tw4"
 for s in "${STEPS[@]}"; do  # all checked before the first one starts
   case " $KNOWN " in *" $s "*) ;; *) echo "measure_all.sh: unknown step $s ($KNOWN)"; exit 2 ;; esac
 done
@@ -91,6 +93,9 @@ for s in "${STEPS[@]}"; do
       step runner 2000 "$PY" benchmarks/bench_runner.py --tag h200 --timeout 480 --results-dir "$RES" \
         --workdir "$RES/runner-work"
       tar -czf "$RES/runner-logs.tgz" -C "$RES" runner-work 2>/dev/null ;;
+    prefill-profile)
+      step prefill-profile 600 "$PY" benchmarks/prefill_profile.py --tag h200 --timeout 280 \
+        --results-dir "$RES" --workdir "$RES/prefill-profile-work" ;;
     moe-profile)  # after runner: the Triton MoE kernels are compiled by then
       step moe-profile 300 "$PY" benchmarks/bench_runner.py --profile-eager-moe --timeout 280 \
         --results-dir "$RES" --workdir "$RES/moe-profile-work" ;;

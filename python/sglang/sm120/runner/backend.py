@@ -64,6 +64,31 @@ def _timing_enabled() -> bool:
     return os.environ.get(TIMING_ENV, "") == "1"
 
 
+def memory_point(pool) -> Dict[str, int]:
+    """Device memory now, split the way a size's capture can take it: live tensors
+    (`allocated`), everything torch's caching allocator holds (`reserved`), the part of that in
+    the graph pool's segments (`pool`), and free device memory (`free`; what leaves it beyond
+    `reserved` is outside the allocator: the driver's instantiated graphs). Zeros without CUDA."""
+    if not torch.cuda.is_available():
+        return {"allocated": 0, "reserved": 0, "pool": 0, "free": 0}
+    torch.cuda.synchronize()
+    pool_bytes = 0
+    if pool is not None:
+        want = tuple(pool)
+        for seg in torch.cuda.memory._snapshot()["segments"]:
+            if tuple(seg.get("segment_pool_id", ())) == want:
+                pool_bytes += seg["total_size"]
+    return {"allocated": torch.cuda.memory_allocated(), "reserved": torch.cuda.memory_reserved(),
+            "pool": pool_bytes, "free": torch.cuda.mem_get_info()[0]}
+
+
+def memory_delta(before: Dict[str, int], after: Dict[str, int]) -> Dict[str, int]:
+    """What one capture took: the growth of each part, and `outside` the allocator."""
+    d = {k: after[k] - before[k] for k in ("allocated", "reserved", "pool")}
+    d["outside"] = (before["free"] - after["free"]) - d["reserved"]
+    return d
+
+
 def _oom_on_capture(forward_fn, size):
     calls = []
 
@@ -97,6 +122,9 @@ class _LayerwiseCommon:
         self._warm_oom: Optional[int] = None
         # wall seconds per size: the warm pass's forwards, the capture pass's probe and capture
         self.size_timings: Dict[int, Dict[str, float]] = {}
+        # bytes per captured size, by kind (full / layerwise): memory_delta around its capture
+        self.size_memory: Dict[int, Dict[str, Any]] = {}
+        self.memory_accounting_s = 0.0  # spent reading it (not capture time: reported apart)
         self.lean: Optional[LeanMoe] = LeanMoe(runner.device, lean_max_rows) if lean else None
         if lean:
             cap = "" if lean_max_rows is None else f", batches up to {lean_max_rows} tokens ({PREFILL_CAP_ENV})"
@@ -175,10 +203,18 @@ class _LayerwiseCommon:
         if self.capturer is None:
             self.capturer = self._new_capturer(self._capture_full)
         self._current = (shape_key, forward_fn, post_warmup_hook)
+        pool = getattr(self, "_pool", None)
+        t0 = time.perf_counter()
+        before = memory_point(pool)
+        t1 = time.perf_counter()
         try:
-            self.capturer.capture(shape_key.size)
+            kind = self.capturer.capture(shape_key.size)
         finally:
             self._current = None
+        t2 = time.perf_counter()
+        if kind is not None:
+            self.size_memory[shape_key.size] = dict(memory_delta(before, memory_point(pool)), kind=kind)
+        self.memory_accounting_s += (t1 - t0) + (time.perf_counter() - t2)
 
     def _capture_full(self, size: int) -> None:
         raise AssertionError(f"{self.phase} never captures full graphs under layerwise")
@@ -224,6 +260,8 @@ class _LayerwiseCommon:
             graphs=sum(segs),  # instantiated segment graphs, every size
             staging_bytes=self.arena.nbytes,
             size_timings={str(k): v for k, v in sorted(self.size_timings.items())},
+            size_memory={str(k): v for k, v in sorted(self.size_memory.items())},
+            memory_accounting_s=round(self.memory_accounting_s, 4),
         )
         if self.lean is not None:
             lean_steps = sum(getattr(s, "lean", False) for e in self.entries.values() for s in e.graph.steps)

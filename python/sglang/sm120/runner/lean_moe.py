@@ -28,6 +28,8 @@ from typing import Any, Callable, Dict, Optional, Tuple
 
 import torch
 
+from .triton_launch import ResolvedOnce
+
 logger = logging.getLogger(__name__)
 
 ENV = "SGLANG_SM120_LEAN_MOE"
@@ -189,6 +191,12 @@ class LeanWorkspace:
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self._flat.values())
 
+    def scrub(self) -> None:
+        """NaN into every floating-point buffer: a launch that did not run shows in the result."""
+        for t in self._flat.values():
+            if t.is_floating_point():
+                t.fill_(float("nan"))
+
 
 @dataclass
 class LeanPlan:
@@ -263,6 +271,11 @@ def build_plan(workspace: LeanWorkspace, layer, hidden_states, topk_ids) -> Lean
     )
 
 
+# The Triton kernels upstream's invoke_fused_moe_kernel launches on the unquantized path; the
+# lean step resolves their launches once (triton_launch.py) instead of through Triton each call.
+TRITON_KERNELS = ("fused_moe_kernel",)
+
+
 def launch_calls(plan: LeanPlan, layer, hidden_states, topk_weights, topk_ids, out) -> Tuple[Callable[[], Any], ...]:
     """The kernel launches of upstream's sequence for this plan, arguments bound: moe_align,
     gate/up GEMM, activation, down GEMM, combine into `out`."""
@@ -277,21 +290,26 @@ def launch_calls(plan: LeanPlan, layer, hidden_states, topk_weights, topk_ids, o
         partial(mab.sgl_moe_align_block_size, topk_ids, plan.num_experts + 1,
                 plan.config["BLOCK_SIZE_M"], plan.sorted_ids, plan.expert_ids,
                 plan.num_tokens_post_pad, plan.cumsum, True, False),
-        partial(fm.invoke_fused_moe_kernel, hidden_states, w1, None, plan.cache1, None, None, None,
-                *routing, on_input, plan.topk, plan.config, compute_type=plan.compute_type,
-                **quant_off, c_sorted=plan.use_tma, filter_expert=False),
+        ResolvedOnce(partial(
+            fm.invoke_fused_moe_kernel, hidden_states, w1, None, plan.cache1, None, None, None,
+            *routing, on_input, plan.topk, plan.config, compute_type=plan.compute_type,
+            **quant_off, c_sorted=plan.use_tma, filter_expert=False), TRITON_KERNELS),
         partial(fm.silu_and_mul if cfg.activation == "silu" else fm.gelu_and_mul,
                 plan.cache1.view(-1, plan.n), plan.cache2),
-        partial(fm.invoke_fused_moe_kernel, plan.cache2, w2, None,
-                out.unsqueeze(0) if plan.cache3 is None else plan.cache3, None, None, None,
-                *routing, not on_input, 1, plan.down_config or plan.config,
-                compute_type=plan.compute_type, **quant_off, a_use_tma=plan.use_tma,
-                b_use_tma=plan.use_tma, filter_expert=False, fuse_sum_all_reduce=False,
-                router_topk=plan.topk),
+        ResolvedOnce(partial(
+            fm.invoke_fused_moe_kernel, plan.cache2, w2, None,
+            out.unsqueeze(0) if plan.cache3 is None else plan.cache3, None, None, None,
+            *routing, not on_input, 1, plan.down_config or plan.config,
+            compute_type=plan.compute_type, **quant_off, a_use_tma=plan.use_tma,
+            b_use_tma=plan.use_tma, filter_expert=False, fuse_sum_all_reduce=False,
+            router_topk=plan.topk), TRITON_KERNELS),
     ]
     c3 = plan.cache3
     if plan.reduce == "add":
         calls.append(partial(torch.add, c3[:, 0], c3[:, 1], out=out))
+    elif plan.reduce == "sum_compiled_helper" and plan.routed_scaling_factor == 1.0:
+        # the helper's out.mul_(1.0) leaves every bit as it is: one launch fewer per step
+        calls.append(partial(torch.sum, c3, dim=1, out=out))
     elif plan.reduce == "sum_compiled_helper":
         calls.append(partial(fm.moe_sum_reduce_torch_compile, c3, out, plan.routed_scaling_factor))
     elif plan.reduce == "sum_kernel":
@@ -355,6 +373,11 @@ class LeanMoe:
                               device=hidden_states.device)
         return _make_lean_step(plan, owner, hidden_states, tw, ti, out), out
 
+    def scrub(self, out: torch.Tensor) -> None:
+        """Between a probe's two lean calls: NaN into the workspace and `out`."""
+        self.workspace.scrub()
+        out.fill_(float("nan"))
+
     def summary(self) -> Dict[str, Any]:
         return {"plans": len(self._plans), "workspace_bytes": self.workspace.nbytes,
                 "max_rows": self.max_rows, "refusals": dict(self.refusals)}
@@ -374,6 +397,11 @@ def _make_lean_step(plan, owner, hidden_states, tw, ti, out):
         for c in calls:
             c()
 
+    def triton_resolved() -> list:
+        """Per Triton call of the step: whether its launches are resolved (after its first run)."""
+        return [c.launches is not None for c in calls if isinstance(c, ResolvedOnce)]
+
     step.owner_name = f"{type(owner).__name__}(lean)"
     step.lean = True
+    step.triton_resolved = triton_resolved
     return step
