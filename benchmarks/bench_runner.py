@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Layerwise CUDA-graph runner vs upstream, side by side on one GPU (Qwen3-30B-A3B shapes).
 
-One run measures five configurations with upstream's one-batch benchmark
+One run measures six configurations with upstream's one-batch benchmark
 (`python -m sglang.benchmark.one_batch`, model built in-process, `--load-format dummy`, bf16,
 FlashInfer attention, 128-token prompts, 8 output tokens; every batch size PASSES = 3 times, the
 median reported, every sample kept):
@@ -15,6 +15,9 @@ median reported, every sample kept):
                         layerwise, bs 1 included (host time per MoE layer at every size)
   layerwise_every_size_256  every size layerwise, upstream's decode sizes (<= 256): graph memory
                         for the same sizes as upstream's full graphs
+  full_graphs_1024      upstream's full decode graphs at every size up to 1024 (through the
+                        layerwise backend's ceiling, which grows FlashInfer's workspace), prefill
+                        off: graph memory and latency of full graphs at layerwise's sizes above 256
 
 and, when named with --configs, the first two layerwise ones on upstream's eager MoE path
 (SGLANG_SM120_LEAN_MOE=0): layerwise_upstream_moe, layerwise_every_size_upstream_moe.
@@ -25,7 +28,7 @@ step from the layerwise replays. Writes benchmarks/results/runner-<tag>.json (+ 
 top-level "targets" object. Configurations can be run in separate invocations (each must fit
 the GPU host's 10-minute command limit) and merged: --configs ... --out SAME_FILE.
 
-    python benchmarks/bench_runner.py --tag h200                      # the five (~5 min on the H200)
+    python benchmarks/bench_runner.py --tag h200                      # the six (~6 min on the H200)
     python benchmarks/bench_runner.py --tag h200 --configs disabled upstream
     python benchmarks/bench_runner.py --tag h200 --configs layerwise layerwise_every_size
     python benchmarks/bench_runner.py --diagnose-eager-warmup         # see docs/runner.md
@@ -88,6 +91,13 @@ CONFIGS: Dict[str, List[str]] = {
     "layerwise_every_size_256": [
         "--cuda-graph-backend-decode", "layerwise", "--cuda-graph-layerwise-every-size",
         "--cuda-graph-max-bs", "256", "--cuda-graph-backend-prefill", "disabled",
+    ],
+    # upstream's full decode graphs at every layerwise size (ceiling 1024 through the layerwise
+    # backend, which grows FlashInfer's workspace for it), prefill off: graph memory and decode
+    # latency of full graphs at the sizes layerwise captures above 256
+    "full_graphs_1024": [
+        "--cuda-graph-config", '{"decode": {"backend": "layerwise", "layerwise_full_max_bs": 1024}, '
+                               '"prefill": {"backend": "disabled"}}',
     ],
 }
 # on request: the same sizes on upstream's eager MoE path (what SGLANG_SM120_LEAN_MOE=0 selects)
@@ -234,6 +244,9 @@ def size_memory_totals(run: dict, phase: str, kind: str, sizes=None) -> Dict[str
            for part in ("allocated", "reserved", "pool", "outside")}
     out["graph"] = round(out["pool"] + out["outside"], 4)  # the graph pool's growth + the driver's
     out["sizes"] = sorted(picked)
+    out["kept_blocks"] = sum(v.get("kept_blocks", 0) for v in picked.values())
+    top = picked[max(picked)]  # what the largest size left allocated in the pool
+    out["largest_size_kept_mb"] = [round(b / 2**20, 2) for b in top.get("kept_largest", [])]
     return out
 
 
@@ -281,6 +294,18 @@ def compute_targets(runs: Dict[str, dict]) -> Dict[str, dict]:
                 measure=f"sum over the {len(full['sizes'])} sizes of graph-pool growth + memory outside "
                         f"torch's allocator around each size's capture: layerwise {seg['graph']} GB, "
                         f"full graphs {full['graph']} GB")
+    # layerwise's own sizes (above the 256 ceiling) against full graphs at exactly those sizes
+    full1024 = runs.get("full_graphs_1024")
+    if lw and full1024:
+        seg = size_memory_totals(lw, "decode", "layerwise")
+        full = size_memory_totals(full1024, "decode", "full", sizes=set(seg.get("sizes", [])))
+        if seg and full and seg["sizes"] == full["sizes"]:
+            r = ratio(seg["graph"], full["graph"])
+            t["decode_graph_mem_layerwise_sizes_vs_full_1024"] = dict(
+                _target(r, "<= 0.5", lambda v: v <= 0.5),
+                measure=f"layerwise's {len(seg['sizes'])} layerwise sizes ({seg['sizes'][0]}-{seg['sizes'][-1]}), "
+                        f"graph-pool growth + memory outside the allocator per size: layerwise {seg['graph']} GB, "
+                        f"full graphs at the same sizes {full['graph']} GB")
     _vs_upstream(t, runs, (("layerwise", "prefill"), ("layerwise_upstream_moe", "prefill_upstream_moe")),
                  "prefill_s", ("1024", "4096"), "breakable_", "1.0")
     if lw and up:
@@ -298,14 +323,16 @@ def size_memory_lines(runs: Dict[str, dict], names: List[str]) -> List[str]:
                 m = size_memory_totals(runs[n], phase, kind)
                 if m:
                     rows.append(f"| {n} | {phase} | {kind} | {len(m['sizes'])} | {m['allocated']:.3f} | "
-                                f"{m['reserved']:.3f} | {m['pool']:.3f} | {m['outside']:.3f} | {m['graph']:.3f} |")
+                                f"{m['reserved']:.3f} | {m['pool']:.3f} | {m['outside']:.3f} | {m['graph']:.3f} | "
+                                f"{m['kept_blocks']} | {m['largest_size_kept_mb']} |")
     if not rows:
         return []
     return ["", "## Graph memory by captured size (GB, summed over the sizes)", "",
             "Read around each size's capture: live tensors (allocated), torch's allocator (reserved), "
             "the graph pool's part of it (pool), outside the allocator (the driver); graph = pool + outside.", "",
-            "| config | phase | kind | sizes | allocated | reserved | pool | outside | graph |",
-            "|---|---|---|---|---|---|---|---|---|", *rows]
+            "| config | phase | kind | sizes | allocated | reserved | pool | outside | graph | pool blocks kept | "
+            "largest size keeps (MB) |",
+            "|---|---|---|---|---|---|---|---|---|---|---|", *rows]
 
 
 def capture_time_lines(runs: Dict[str, dict], names: List[str]) -> List[str]:

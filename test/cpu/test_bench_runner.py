@@ -111,7 +111,14 @@ def test_per_size_graph_memory_compares_layerwise_sizes_with_the_same_full_sizes
     assert entry["value"] == 0.2 and entry["met"] and "3 sizes" in entry["measure"]
     assert bench.size_memory_totals(lw, "decode", "layerwise")["sizes"] == [512]
     lines = bench.size_memory_lines({"layerwise": lw}, ["layerwise"])
-    assert "| layerwise | decode | full | 3 | 0.000 | 0.030 | 0.030 | 0.300 | 0.330 |" in lines
+    assert "| layerwise | decode | full | 3 | 0.000 | 0.030 | 0.030 | 0.300 | 0.330 | 0 | [] |" in lines
+    # layerwise's own sizes against full graphs at those sizes (full_graphs_1024)
+    full1024 = _run({}, {}, _cap(0, 0, 20.0, 0.5))
+    full1024["capture"] = {"layerwise": {"decode": {"size_memory": _size_memory(
+        {1: "full", 2: "full", 4: "full", 512: "full"}, (0.05, 0.05))}}}
+    t = bench.compute_targets({"layerwise": lw, "full_graphs_1024": full1024})
+    entry = t["decode_graph_mem_layerwise_sizes_vs_full_1024"]
+    assert entry["value"] == 1.1 and not entry["met"] and "1 layerwise sizes (512-512)" in entry["measure"]
     # sizes that do not match (a size dropped in one run): no per-size figure rather than a skewed one
     del same["capture"]["layerwise"]["decode"]["size_memory"]["4"]
     assert "decode_graph_mem_per_size_layerwise_vs_full" not in bench.compute_targets(
@@ -178,7 +185,10 @@ def test_every_layerwise_configuration_names_its_moe_path(bench):
     assert "disabled" not in bench.CONFIG_ENV and "upstream" not in bench.CONFIG_ENV
     # a plain run measures the product's default and upstream's; the upstream-MoE ones on request
     assert bench.DEFAULT_CONFIGS == ["disabled", "upstream", "layerwise", "layerwise_every_size",
-                                     "layerwise_every_size_256"]
+                                     "layerwise_every_size_256", "full_graphs_1024"]
+    cfg = bench.CONFIGS["full_graphs_1024"]
+    assert json.loads(cfg[cfg.index("--cuda-graph-config") + 1]) == {
+        "decode": {"backend": "layerwise", "layerwise_full_max_bs": 1024}, "prefill": {"backend": "disabled"}}
 
 
 def test_every_size_is_judged_against_full_graphs_on_both_moe_paths(bench):

@@ -315,11 +315,14 @@ def test_report_splits_each_captured_sizes_memory_by_kind():
     mem = report["size_memory"]
     assert {k: v["kind"] for k, v in mem.items()} == {"1": "full", "2": "full", "4": "layerwise", "8": "layerwise"}
     for v in mem.values():  # no CUDA here: every part reads 0
-        assert {k: v[k] for k in ("allocated", "reserved", "pool", "outside")} == dict.fromkeys(
-            ("allocated", "reserved", "pool", "outside"), 0)
+        assert {k: v[k] for k in ("allocated", "reserved", "pool", "outside", "kept_blocks")} == dict.fromkeys(
+            ("allocated", "reserved", "pool", "outside", "kept_blocks"), 0)
     assert report["memory_accounting_s"] >= 0
     # 10 MB left free memory: 6 MB of it into torch's allocator (4 MB of that the graph pool), 4 MB outside
-    before = {"allocated": 100, "reserved": 1000, "pool": 200, "free": 50_000_000}
-    after = {"allocated": 150, "reserved": 1000 + 6_000_000, "pool": 200 + 4_000_000, "free": 40_000_000}
+    before = {"allocated": 100, "reserved": 1000, "pool": 200, "free": 50_000_000,
+              "pool_blocks": frozenset({(0, 512)})}
+    after = {"allocated": 150, "reserved": 1000 + 6_000_000, "pool": 200 + 4_000_000, "free": 40_000_000,
+             "pool_blocks": frozenset({(0, 512), (4096, 2048), (8192, 1 << 20)})}
     assert memory_delta(before, after) == {"allocated": 50, "reserved": 6_000_000, "pool": 4_000_000,
-                                           "outside": 4_000_000}
+                                           "outside": 4_000_000, "kept_blocks": 2,
+                                           "kept_largest": [1 << 20, 2048]}

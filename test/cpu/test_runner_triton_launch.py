@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 
 import pytest
+import torch
 
 from sglang.sm120.runner import triton_launch
 from sglang.sm120.runner.triton_launch import ResolvedOnce
@@ -109,6 +110,18 @@ def test_first_call_through_triton_then_the_recorded_launch(log):
     # the grid function evaluated once on the bound parameters, padded to three dimensions;
     # every parameter passed, the constexpr default included, the launch option not
     assert log == [("direct", "toy", (4, 1, 1), ("X", "Y", 64, 16))] * 2
+
+
+def test_tensors_are_relaunched_as_their_addresses_and_kept_alive(log):
+    x, y = torch.zeros(4), torch.ones(8)
+    call = ResolvedOnce(_call(launch_one, x, y, 16), ["toy"], device=DEVICE)
+    call()
+    assert log[0][3][:2] == (x, y)  # Triton itself got the tensors
+    log.clear()
+    call()
+    assert log == [("direct", "toy", (1, 1, 1), (x.data_ptr(), y.data_ptr(), 16, 16))]
+    (launch,) = call.launches
+    assert all(t is u for t, u in zip(launch._tensors, (x, y)))
 
 
 def test_two_kernels_relaunched_in_their_order(log):

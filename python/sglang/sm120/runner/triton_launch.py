@@ -20,6 +20,8 @@ from __future__ import annotations
 import logging
 from typing import Any, Callable, List, Optional, Sequence, Tuple
 
+import torch
+
 logger = logging.getLogger(__name__)
 
 _logged: set = set()
@@ -32,14 +34,21 @@ def _log_once(why: str) -> None:
 
 
 class CachedLaunch:
-    """One recorded launch: the compiled kernel's launcher and the bound argument values."""
+    """One recorded launch: the compiled kernel's launcher and the bound argument values.
 
-    __slots__ = ("_launch", "args", "grid")
+    Tensors are passed as their device addresses: Triton's launcher takes an int for a pointer
+    parameter as it is, where for a tensor it calls `data_ptr()` and asks the driver to check the
+    address (cuPointerGetAttribute) on every launch. The tensors are kept referenced here, so an
+    address stays theirs for as long as the launch can run.
+    """
+
+    __slots__ = ("_launch", "args", "grid", "_tensors")
 
     def __init__(self, compiled, grid: Tuple[int, int, int], args: Tuple[Any, ...]) -> None:
         self._launch = compiled[grid]
         self.grid = grid
-        self.args = args
+        self._tensors = tuple(a for a in args if isinstance(a, torch.Tensor))
+        self.args = tuple(a.data_ptr() if isinstance(a, torch.Tensor) else a for a in args)
 
     def __call__(self) -> None:
         self._launch(*self.args)
