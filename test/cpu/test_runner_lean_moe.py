@@ -560,3 +560,48 @@ def test_prefill_backend_takes_lean_steps_up_to_the_cap(monkeypatch, env, want):
 def test_prefill_backend_refuses_a_bad_cap(monkeypatch):
     with pytest.raises(ValueError, match=lean_moe.PREFILL_CAP_ENV):
         _prefill_backend(monkeypatch, {lean_moe.ENV: "1", lean_moe.PREFILL_CAP_ENV: "lots"})
+
+
+class _NoGraph:
+    """A graph that records nothing (the CPU emulator keeps every tensor it taped)."""
+
+    def capture_begin(self, pool=None, capture_error_mode="global"):
+        pass
+
+    def capture_end(self):
+        pass
+
+    def replay(self):
+        pass
+
+
+@pytest.mark.parametrize("lean_on", [True, False], ids=["lean", "upstream"])
+def test_tensors_crossing_a_cut_die_with_the_model_s_references(kernels, monkeypatch, lean_on):
+    """With the garbage collector off, as between its runs on the GPU: nothing of the boundary keeps
+    a captured MoE input alive (on the H200 a reference cycle once kept one hidden-state-sized
+    block per layer in the graph pool)."""
+    import gc
+    import weakref
+
+    from sglang.sm120.runner import boundary
+
+    model = ToyMoeModel()
+    static_x = torch.randn(12, 32).to(torch.bfloat16)
+    seen = []
+    real = boundary.CaptureSession.on_boundary
+
+    def spy(self, owner, args, kwargs):
+        seen.extend(weakref.ref(t) for t in boundary.flatten((args, kwargs))[0])
+        return real(self, owner, args, kwargs)
+
+    monkeypatch.setattr(boundary.CaptureSession, "on_boundary", spy)
+    gc.collect()
+    gc.disable()
+    try:
+        with torch.no_grad():
+            entry = capture_size(lambda: model(static_x[:12]), arena=StagingArena(12, "cpu"), warmups=1,
+                                 graph_factory=_NoGraph, lean=LeanMoe("cpu") if lean_on else None)
+        assert len(seen) == 8 and len(entry.graph.steps) == 2
+        assert [r() for r in seen if r() is not None] == []
+    finally:
+        gc.enable()

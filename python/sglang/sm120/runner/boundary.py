@@ -42,31 +42,34 @@ class BoundaryMismatch(RuntimeError):
 def flatten(obj) -> Tuple[List[torch.Tensor], Callable[[Sequence[torch.Tensor]], Any]]:
     """Tensor leaves of obj and a function rebuilding obj's structure from new leaves.
 
-    The rebuild function keeps only structure and non-tensor constants, never the leaves.
+    The rebuild function keeps only structure and non-tensor constants, never the leaves. The walk
+    is a module-level function given the list: a nested recursive closure would sit in a reference
+    cycle with the leaves list, keeping every tensor that crossed a cut alive until the garbage
+    collector ran (on the H200 that held one hidden-state-sized block per layer in the graph pool).
     """
     leaves: List[torch.Tensor] = []
-
-    def walk(x):
-        if isinstance(x, torch.Tensor):
-            idx = len(leaves)
-            leaves.append(x)
-            return lambda new: new[idx]
-        if isinstance(x, tuple):
-            parts = [walk(e) for e in x]
-            if hasattr(x, "_fields"):  # NamedTuple
-                cls = type(x)
-                return lambda new: cls(*[p(new) for p in parts])
-            return lambda new: tuple(p(new) for p in parts)
-        if isinstance(x, list):
-            parts = [walk(e) for e in x]
-            return lambda new: [p(new) for p in parts]
-        if isinstance(x, dict):
-            parts = {k: walk(v) for k, v in x.items()}
-            return lambda new: {k: p(new) for k, p in parts.items()}
-        return lambda new, _x=x: _x
-
-    rebuild = walk(obj)
+    rebuild = _walk(obj, leaves)
     return leaves, rebuild
+
+
+def _walk(x, leaves: List[torch.Tensor]):
+    if isinstance(x, torch.Tensor):
+        idx = len(leaves)
+        leaves.append(x)
+        return lambda new: new[idx]
+    if isinstance(x, tuple):
+        parts = [_walk(e, leaves) for e in x]
+        if hasattr(x, "_fields"):  # NamedTuple
+            cls = type(x)
+            return lambda new: cls(*[p(new) for p in parts])
+        return lambda new: tuple(p(new) for p in parts)
+    if isinstance(x, list):
+        parts = [_walk(e, leaves) for e in x]
+        return lambda new: [p(new) for p in parts]
+    if isinstance(x, dict):
+        parts = {k: _walk(v, leaves) for k, v in x.items()}
+        return lambda new: {k: p(new) for k, p in parts.items()}
+    return lambda new, _x=x: _x
 
 
 @dataclass(frozen=True)
