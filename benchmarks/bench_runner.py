@@ -244,9 +244,11 @@ def size_memory_totals(run: dict, phase: str, kind: str, sizes=None) -> Dict[str
            for part in ("allocated", "reserved", "pool", "outside")}
     out["graph"] = round(out["pool"] + out["outside"], 4)  # the graph pool's growth + the driver's
     out["sizes"] = sorted(picked)
-    out["kept_blocks"] = sum(v.get("kept_blocks", 0) for v in picked.values())
-    top = picked[max(picked)]  # what the largest size left allocated in the pool
-    out["largest_size_kept_mb"] = [round(b / 2**20, 2) for b in top.get("kept_largest", [])]
+    # pool blocks a size left allocated (readings since d0e0574; None in older reports)
+    kept = [v.get("kept_blocks") for v in picked.values()]
+    out["kept_blocks"] = None if None in kept else sum(kept)
+    top = picked[max(picked)].get("kept_largest")  # what the largest size left allocated
+    out["largest_size_kept_mb"] = None if top is None else [round(b / 2**20, 2) for b in top]
     return out
 
 
@@ -324,7 +326,8 @@ def size_memory_lines(runs: Dict[str, dict], names: List[str]) -> List[str]:
                 if m:
                     rows.append(f"| {n} | {phase} | {kind} | {len(m['sizes'])} | {m['allocated']:.3f} | "
                                 f"{m['reserved']:.3f} | {m['pool']:.3f} | {m['outside']:.3f} | {m['graph']:.3f} | "
-                                f"{m['kept_blocks']} | {m['largest_size_kept_mb']} |")
+                                f"{'-' if m['kept_blocks'] is None else m['kept_blocks']} | "
+                                f"{'-' if m['largest_size_kept_mb'] is None else m['largest_size_kept_mb']} |")
     if not rows:
         return []
     return ["", "## Graph memory by captured size (GB, summed over the sizes)", "",

@@ -111,7 +111,7 @@ def test_per_size_graph_memory_compares_layerwise_sizes_with_the_same_full_sizes
     assert entry["value"] == 0.2 and entry["met"] and "3 sizes" in entry["measure"]
     assert bench.size_memory_totals(lw, "decode", "layerwise")["sizes"] == [512]
     lines = bench.size_memory_lines({"layerwise": lw}, ["layerwise"])
-    assert "| layerwise | decode | full | 3 | 0.000 | 0.030 | 0.030 | 0.300 | 0.330 | 0 | [] |" in lines
+    assert "| layerwise | decode | full | 3 | 0.000 | 0.030 | 0.030 | 0.300 | 0.330 | - | - |" in lines  # no kept readings
     # layerwise's own sizes against full graphs at those sizes (full_graphs_1024)
     full1024 = _run({}, {}, _cap(0, 0, 20.0, 0.5))
     full1024["capture"] = {"layerwise": {"decode": {"size_memory": _size_memory(

@@ -124,6 +124,21 @@ def test_tensors_are_relaunched_as_their_addresses_and_kept_alive(log):
     assert all(t is u for t, u in zip(launch._tensors, (x, y)))
 
 
+def test_another_threads_launch_during_the_recording_is_not_recorded(log):
+    import threading
+
+    def with_a_foreign_launch():
+        t = threading.Thread(target=lambda: toy[(7,)]("A", "B", 7))  # e.g. another worker's MoE
+        t.start()
+        t.join()
+        toy[(2,)]("X", "Y", 2)
+
+    call = ResolvedOnce(with_a_foreign_launch, ["toy"], device=DEVICE)
+    call()
+    assert [e[2] for e in log] == [(7,), (2,)]  # both launched, through Triton
+    assert [launch.grid for launch in call.launches] == [(2, 1, 1)]  # only this call's is kept
+
+
 def test_two_kernels_relaunched_in_their_order(log):
     call = ResolvedOnce(_call(launch_two, "X", 8), ["toy", "other"], device=DEVICE)
     call()

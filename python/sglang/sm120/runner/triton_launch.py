@@ -18,6 +18,7 @@ through the stand-in, the call keeps running through Triton (logged once per rea
 from __future__ import annotations
 
 import logging
+import threading
 from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 import torch
@@ -91,10 +92,13 @@ class _Recorder:
         self.device = device
         self.launches = launches  # shared by the recorders of one call: launch order is kept
         self.failure: Optional[str] = None
+        self._thread = threading.get_ident()  # another thread's launch passes through unrecorded
 
     def __getitem__(self, grid) -> Callable[..., Any]:
         def launch(*args, **kwargs):
             compiled = self.jit[grid](*args, **kwargs)
+            if threading.get_ident() != self._thread:
+                return compiled
             try:
                 self.launches.append(resolve(self.jit, compiled, grid, args, kwargs, device=self.device))
             except Exception as e:  # noqa: BLE001 - the launch happened; only caching is lost
