@@ -252,6 +252,25 @@ def size_memory_totals(run: dict, phase: str, kind: str, sizes=None) -> Dict[str
     return out
 
 
+def _per_size_graph_mem(t: Dict[str, dict], key: str, seg_run, full_run, sizes_of: str, what: str) -> None:
+    """t[key]: the layerwise sizes of seg_run against the full-graph sizes of full_run, summed
+    over the sizes of `sizes_of` kind (whichever run sets them); only where both read the same."""
+    if not (seg_run and full_run):
+        return
+    if sizes_of == "full":
+        full = size_memory_totals(full_run, "decode", "full")
+        seg = size_memory_totals(seg_run, "decode", "layerwise", sizes=set(full.get("sizes", [])))
+    else:
+        seg = size_memory_totals(seg_run, "decode", "layerwise")
+        full = size_memory_totals(full_run, "decode", "full", sizes=set(seg.get("sizes", [])))
+    if not (seg and full and seg["sizes"] == full["sizes"]):
+        return
+    sizes = seg["sizes"]
+    t[key] = dict(_target(ratio(seg["graph"], full["graph"]), "<= 0.5", lambda v: v <= 0.5),
+                  measure=what.format(n=len(sizes), first=sizes[0], last=sizes[-1])
+                  + f": layerwise {seg['graph']} GB, full graphs {full['graph']} GB")
+
+
 def compute_targets(runs: Dict[str, dict]) -> Dict[str, dict]:
     t: Dict[str, dict] = {}
     dis, up = runs.get("disabled"), runs.get("upstream")
@@ -286,28 +305,14 @@ def compute_targets(runs: Dict[str, dict]) -> Dict[str, dict]:
     # the same comparison size by size, from one reading around each size's capture in both runs:
     # layerwise_every_size_256's layerwise sizes vs layerwise's full-graph sizes (upstream's
     # full backend, called by ours), graph pool growth + memory outside the allocator
-    if same and lw:
-        full = size_memory_totals(lw, "decode", "full")
-        seg = size_memory_totals(same, "decode", "layerwise", sizes=set(full.get("sizes", [])))
-        if full and seg and seg["sizes"] == full["sizes"]:
-            r = ratio(seg["graph"], full["graph"])
-            t["decode_graph_mem_per_size_layerwise_vs_full"] = dict(
-                _target(r, "<= 0.5", lambda v: v <= 0.5),
-                measure=f"sum over the {len(full['sizes'])} sizes of graph-pool growth + memory outside "
-                        f"torch's allocator around each size's capture: layerwise {seg['graph']} GB, "
-                        f"full graphs {full['graph']} GB")
+    _per_size_graph_mem(t, "decode_graph_mem_per_size_layerwise_vs_full", same, lw, sizes_of="full",
+                        what="sum over the {n} sizes of graph-pool growth + memory outside torch's "
+                             "allocator around each size's capture")
     # layerwise's own sizes (above the 256 ceiling) against full graphs at exactly those sizes
-    full1024 = runs.get("full_graphs_1024")
-    if lw and full1024:
-        seg = size_memory_totals(lw, "decode", "layerwise")
-        full = size_memory_totals(full1024, "decode", "full", sizes=set(seg.get("sizes", [])))
-        if seg and full and seg["sizes"] == full["sizes"]:
-            r = ratio(seg["graph"], full["graph"])
-            t["decode_graph_mem_layerwise_sizes_vs_full_1024"] = dict(
-                _target(r, "<= 0.5", lambda v: v <= 0.5),
-                measure=f"layerwise's {len(seg['sizes'])} layerwise sizes ({seg['sizes'][0]}-{seg['sizes'][-1]}), "
-                        f"graph-pool growth + memory outside the allocator per size: layerwise {seg['graph']} GB, "
-                        f"full graphs at the same sizes {full['graph']} GB")
+    _per_size_graph_mem(t, "decode_graph_mem_layerwise_sizes_vs_full_1024", lw, runs.get("full_graphs_1024"),
+                        sizes_of="layerwise",
+                        what="layerwise's {n} layerwise sizes ({first}-{last}), graph-pool growth + memory "
+                             "outside the allocator per size")
     _vs_upstream(t, runs, (("layerwise", "prefill"), ("layerwise_upstream_moe", "prefill_upstream_moe")),
                  "prefill_s", ("1024", "4096"), "breakable_", "1.0")
     if lw and up:

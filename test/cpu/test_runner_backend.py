@@ -121,11 +121,8 @@ def _check_replays(backend, model, static_ids, sizes):
 
 
 def test_full_below_ceiling_layerwise_above_both_replay_correctly():
-    model = ToyModel(layers=2)
-    for layer in model.layers:
-        layer.experts.__class__ = DenseMoE
     sizes = [1, 2, 4, 8, 16]
-    backend, static_ids = _make(model, sizes, full_max_bs=4)
+    model, backend, static_ids = _dense_backend(sizes, full_max_bs=4)
     _capture_all(backend, model, static_ids, sizes)
     report = backend.report()
     assert report["full"] == [1, 2, 4] and report["layerwise"] == [8, 16]
@@ -283,12 +280,18 @@ def test_deferred_capture_warms_first_and_captures_under_armed_traps(monkeypatch
         startup._PENDING.clear()
 
 
-def test_report_times_each_size_warm_probe_and_capture():
+def _dense_backend(sizes, full_max_bs):
+    """A two-layer toy model whose MoE is capturable, and a backend for its sizes."""
     model = ToyModel(layers=2)
     for layer in model.layers:
         layer.experts.__class__ = DenseMoE
+    backend, static_ids = _make(model, sizes, full_max_bs=full_max_bs)
+    return model, backend, static_ids
+
+
+def test_report_times_each_size_warm_probe_and_capture():
     sizes = [1, 2, 4, 8]
-    backend, static_ids = _make(model, sizes, full_max_bs=2)
+    model, backend, static_ids = _dense_backend(sizes, full_max_bs=2)
     with backend.capture_session(None):  # warm pass, as upstream's runner constructor runs it
         for size in sorted(sizes, reverse=True):
             backend.capture_one(ShapeKey(size=size), lambda s=size: model(static_ids[:s]))
@@ -305,11 +308,8 @@ def test_report_times_each_size_warm_probe_and_capture():
 def test_report_splits_each_captured_sizes_memory_by_kind():
     from sglang.sm120.runner.backend import memory_delta
 
-    model = ToyModel(layers=2)
-    for layer in model.layers:
-        layer.experts.__class__ = DenseMoE
     sizes = [1, 2, 4, 8]
-    backend, static_ids = _make(model, sizes, full_max_bs=2)
+    model, backend, static_ids = _dense_backend(sizes, full_max_bs=2)
     _capture_all(backend, model, static_ids, sizes)
     report = backend.report()
     mem = report["size_memory"]
