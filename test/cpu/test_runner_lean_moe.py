@@ -605,3 +605,42 @@ def test_tensors_crossing_a_cut_die_with_the_model_s_references(kernels, monkeyp
         assert [r() for r in seen if r() is not None] == []
     finally:
         gc.enable()
+
+
+def test_a_lean_step_that_raises_keeps_upstreams_path_for_that_size(kernels, monkeypatch, caplog):
+    model = ToyMoeModel()
+    static_x = torch.randn(12, 32).to(torch.bfloat16)
+    real_calls = lean_moe.launch_calls
+
+    def broken(plan, layer, h, tw, ti, out):
+        def boom():
+            raise TypeError("run_activation() takes 3 arguments")  # e.g. an upstream signature change
+        return real_calls(plan, layer, h, tw, ti, out) + (boom,)
+
+    monkeypatch.setattr(lean_moe, "launch_calls", broken)
+    with caplog.at_level(logging.WARNING, logger=lean_moe.__name__):
+        entry = _capture(model, static_x, 12, LeanMoe("cpu"))
+    assert any("the lean step raised TypeError" in r.getMessage() for r in caplog.records)
+    assert not any(getattr(s, "lean", False) for s in entry.graph.steps)
+    static_x.copy_(torch.randn(12, 32).to(torch.bfloat16))
+    entry.graph.replay()
+    assert torch.equal(entry.output, _eager(model, static_x.clone()))
+
+
+def test_the_jit_activation_is_called_without_the_custom_op(kernels, monkeypatch):
+    """Where upstream's entry point is sglang.jit_kernel.activation's, the step calls its JIT
+    module's run_activation with the views and name upstream's custom op passes."""
+    jit_act = pytest.importorskip("sglang.jit_kernel.activation")
+    calls = []
+
+    class Module:
+        def run_activation(self, x2d, out2d, name):
+            calls.append((x2d.shape, out2d.shape, name, x2d.data_ptr(), out2d.data_ptr()))
+
+    monkeypatch.setattr(jit_act, "_jit_activation_module", lambda dtype: Module())
+    x, out = torch.zeros(6, 2, 16), torch.zeros(6, 2, 8)
+    lean_moe._activation_call(jit_act.silu_and_mul, "silu", x.view(-1, 16), out)()
+    assert calls == [((12, 16), (12, 8), "silu", x.data_ptr(), out.data_ptr())]
+    stand_in = []
+    lean_moe._activation_call(lambda a, b: stand_in.append((a, b)), "silu", x, out)()
+    assert len(stand_in) == 1 and len(calls) == 1  # another entry point: called as it is

@@ -222,13 +222,21 @@ class ProbeSession(_Session):
         # Twice: its first call resolves its Triton launches, the second replays them (what
         # every replay after the first does) onto NaN-filled buffers, and its result is compared.
         lean = self.lean.bind(owner, args, kwargs) if self.lean is not None else None
+        lean_error = None
         if lean is not None:
-            lean[0]()
-            self.lean.scrub(lean[1])
-            lean[0]()
+            try:
+                lean[0]()
+                self.lean.scrub(lean[1])
+                lean[0]()
+            except torch.OutOfMemoryError:
+                raise  # the size's OOM handling decides
+            except Exception as e:  # noqa: BLE001 - the size keeps upstream's path, said once
+                lean_error = f"the lean step raised {type(e).__name__}: {e}"
         out = call_unhooked(owner, args, kwargs)
         out_leaves, out_rebuild = flatten(out)
-        lean_ok = lean is not None and self._same(lean[1], out_leaves, rows)
+        if lean_error is not None:
+            self._mismatch(rows, lean_error)
+        lean_ok = lean is not None and lean_error is None and self._same(lean[1], out_leaves, rows)
         in_sigs = tuple(_leaf_sig(t, rows) for t in in_leaves)
         out_sigs = tuple(_leaf_sig(t, rows) for t in out_leaves)
         if not all(s.token_major for s in out_sigs):
@@ -257,10 +265,13 @@ class ProbeSession(_Session):
             detail = f"max |diff| {diff.max().item():.3g}, {int((diff > 0).sum())} elements differ"
         else:
             detail = f"upstream returned {[tuple(t.shape) for t in out_leaves]}"
+        self._mismatch(rows, detail)
+        return False
+
+    def _mismatch(self, rows: int, detail: str) -> None:
         if not self.lean_mismatch:
             self.lean.note_mismatch(rows, self.calls, detail)
         self.lean_mismatch = True
-        return False
 
     def __exit__(self, *exc):
         if self.lean_mismatch:  # one difference anywhere: the whole size keeps upstream's path

@@ -6,8 +6,9 @@ quant-method / runner chain, the `torch.ops.sglang` custom op, a config lookup a
 `torch.empty` per call, and a copy from the staging buffer to the layer's output. Here, once per
 (layer shape, batch size), the same config is looked up through upstream's own function, and
 the intermediate buffers are views into one workspace shared by every layer and size (one
-layer runs at a time, on one stream); at each step the same kernel entry points run with the
-same arguments, and the combine writes straight into the boundary's output buffer.
+layer runs at a time, on one stream); at each step the same kernels run with the same arguments
+(Triton's launches resolved once, triton_launch.py; the activation's JIT function called without
+its torch custom-op wrapper), and the combine writes straight into the boundary's output buffer.
 
 Only the unquantized Triton path is taken, and only where it is the path upstream would take
 (`refusal` says why not, logged once per reason). On by default since the H200 run of
@@ -271,6 +272,23 @@ def build_plan(workspace: LeanWorkspace, layer, hidden_states, topk_ids) -> Lean
     )
 
 
+def _activation_call(entry, name: str, x: torch.Tensor, out: torch.Tensor) -> Callable[[], Any]:
+    """The gated activation's launch. Upstream's CUDA entry point (sglang.jit_kernel.activation)
+    goes through a torch custom op to its JIT module's `run_activation(input_2d, out_2d, name)`;
+    the step calls that module function with the same views and name, without the op dispatch
+    (same kernel, same arguments). Any other entry point (another platform's, a test's stand-in)
+    is called as it is."""
+    try:
+        from sglang.jit_kernel import activation as jit_act
+    except Exception:  # noqa: BLE001 - not importable here: upstream's entry point as it is
+        return partial(entry, x, out)
+    if entry is not getattr(jit_act, f"{name}_and_mul", None) or not hasattr(jit_act, "_jit_activation_module"):
+        return partial(entry, x, out)
+    hidden = x.shape[-1] // 2
+    module = jit_act._jit_activation_module(x.dtype)
+    return partial(module.run_activation, x.view(-1, 2 * hidden), out.view(-1, hidden), name)
+
+
 # The Triton kernels upstream's invoke_fused_moe_kernel launches on the unquantized path; the
 # lean step resolves their launches once (triton_launch.py) instead of through Triton each call.
 TRITON_KERNELS = ("fused_moe_kernel",)
@@ -294,8 +312,8 @@ def launch_calls(plan: LeanPlan, layer, hidden_states, topk_weights, topk_ids, o
             fm.invoke_fused_moe_kernel, hidden_states, w1, None, plan.cache1, None, None, None,
             *routing, on_input, plan.topk, plan.config, compute_type=plan.compute_type,
             **quant_off, c_sorted=plan.use_tma, filter_expert=False), TRITON_KERNELS),
-        partial(fm.silu_and_mul if cfg.activation == "silu" else fm.gelu_and_mul,
-                plan.cache1.view(-1, plan.n), plan.cache2),
+        _activation_call(fm.silu_and_mul if cfg.activation == "silu" else fm.gelu_and_mul,
+                         cfg.activation, plan.cache1.view(-1, plan.n), plan.cache2),
         ResolvedOnce(partial(
             fm.invoke_fused_moe_kernel, plan.cache2, w2, None,
             out.unsqueeze(0) if plan.cache3 is None else plan.cache3, None, None, None,
