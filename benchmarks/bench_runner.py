@@ -385,6 +385,22 @@ def capture_memory_lines(runs: Dict[str, dict], names: List[str]) -> List[str]:
             "|---|---|---|---|---|---|---|", *rows]
 
 
+def host_time_lines(runs: Dict[str, dict], names: List[str]) -> List[str]:
+    """Per configuration, phase and size: the eager MoE step's wall time per layer (what the
+    targets use) and, where the report has it, the thread's CPU time (the rest is waiting)."""
+    rows = []
+    for n in names:
+        for phase, sizes in runs[n].get("host_step", {}).items():
+            for s in sorted(sizes, key=lambda s: s["size"]):
+                cpu = s.get("step_cpu_us")
+                rows.append(f"| {n} | {phase} | {s['size']} | {s['step_host_us']:.1f} | "
+                            f"{'-' if cpu is None else f'{cpu:.1f}'} | {s.get('replays', '-')} |")
+    if not rows:
+        return []
+    return ["", "## Eager MoE step per layer (us)", "",
+            "| config | phase | size | wall | CPU | replays |", "|---|---|---|---|---|---|", *rows]
+
+
 def render_md(result: dict) -> str:
     runs = result["runs"]
     names = [n for n in CONFIGS if n in runs]
@@ -408,6 +424,7 @@ def render_md(result: dict) -> str:
     lines += capture_time_lines(runs, names)
     lines += capture_memory_lines(runs, names)
     lines += size_memory_lines(runs, names)
+    lines += host_time_lines(runs, names)
     lines += ["", "## Targets", "", "| target | value | threshold | met |", "|---|---|---|---|"]
     for k, v in result["targets"].items():
         lines.append(f"| {k} | {v['value']} | {v['target']} | {'yes' if v['met'] else 'NO'}"

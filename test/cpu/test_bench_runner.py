@@ -209,3 +209,12 @@ def test_capture_memory_table_splits_the_allocator_from_the_graphs(bench):
     lines = bench.capture_memory_lines({"layerwise_every_size_256": run}, ["layerwise_every_size_256"])
     assert lines[-1] == "| layerwise_every_size_256 | decode | 3.000 | 1.000 | 2.000 | 1024 | 2.00 |"
     assert bench.capture_memory_lines({"x": _run({}, {}, _cap(0, 0, 0, 0))}, ["x"]) == []  # older reports
+
+
+def test_host_time_table_has_wall_and_cpu_per_size(bench):
+    run = {"host_step": {"decode": [{"size": 1024, "step_host_us": 110.2, "step_cpu_us": 61.0, "replays": 21},
+                                    {"size": 512, "step_host_us": 103.0, "replays": 21}]}}
+    lines = bench.host_time_lines({"layerwise": run}, ["layerwise"])
+    assert lines[-2:] == ["| layerwise | decode | 512 | 103.0 | - | 21 |",  # an older report: no CPU time
+                          "| layerwise | decode | 1024 | 110.2 | 61.0 | 21 |"]
+    assert bench.host_time_lines({"upstream": {"host_step": {}}}, ["upstream"]) == []

@@ -276,6 +276,27 @@ def test_replay_timed_accumulates_step_host_time():
         entry.graph.replay_timed()
         entry.graph.replay_timed()
     assert entry.graph.timed_replays == 2 and entry.graph.step_host_seconds > 0
+    assert 0 < entry.graph.step_cpu_seconds  # the thread's CPU time beside the wall time
+    from sglang.sm120.runner.layerwise import host_step_stats
+
+    ((key, wall, cpu, replays),) = host_step_stats({4: entry})
+    assert key == 4 and replays == 2 and wall == entry.graph.step_host_seconds / 4
+    assert cpu == entry.graph.step_cpu_seconds / 4
+
+
+def test_a_step_that_waits_shows_as_wall_time_not_cpu_time():
+    import time as _time
+
+    graph = SegmentedGraph()
+    graph.segments = [_NullSegment(), _NullSegment()]
+    graph.steps = [lambda: _time.sleep(0.02)]
+    graph.replay_timed()
+    assert graph.step_host_seconds >= 0.02 and graph.step_cpu_seconds < 0.01
+
+
+class _NullSegment:
+    def replay(self):
+        pass
 
 
 class _Stream:

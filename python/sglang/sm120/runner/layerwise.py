@@ -216,11 +216,13 @@ class EagerFallbackLog:
         return True
 
 
-def host_step_stats(entries: Dict[Any, LayerwiseEntry]) -> List[Tuple[Any, float, int]]:
-    """(key, mean host seconds per eager step, replays) for entries replayed with timing."""
+def host_step_stats(entries: Dict[Any, LayerwiseEntry]) -> List[Tuple[Any, float, float, int]]:
+    """(key, mean wall seconds per eager step, mean CPU seconds per eager step, replays) for
+    entries replayed with timing."""
     out = []
     for key, e in entries.items():
         g = e.graph
         if g.timed_replays and g.steps:
-            out.append((key, g.step_host_seconds / (g.timed_replays * len(g.steps)), g.timed_replays))
+            n = g.timed_replays * len(g.steps)
+            out.append((key, g.step_host_seconds / n, g.step_cpu_seconds / n, g.timed_replays))
     return out

@@ -87,8 +87,9 @@ class _DeferredCaptureMixin:
 
     def _lw_print_host_stats(self) -> None:
         stats = [
-            {"size": getattr(k, "size", k), "step_host_us": round(s * 1e6, 2), "replays": n}
-            for k, s, n in self.backend.host_stats()
+            {"size": getattr(k, "size", k), "step_host_us": round(s * 1e6, 2), "step_cpu_us": round(c * 1e6, 2),
+             "replays": n}
+            for k, s, c, n in self.backend.host_stats()
         ]
         print(
             f"{HOST_TAG} {json.dumps({'phase': self.backend.phase, 'sizes': stats})}",

@@ -68,8 +68,11 @@ class SegmentedGraph:
     def __init__(self) -> None:
         self.segments: List[GraphLike] = []
         self.steps: List[Callable[[], None]] = []
-        # Host seconds spent in eager steps, accumulated only by replay_timed (bench use).
+        # Host seconds spent in eager steps, accumulated only by replay_timed (bench use): wall
+        # time, and the thread's CPU time (wall minus CPU is time the step waited, e.g. in a
+        # launch call blocked on a full GPU queue).
         self.step_host_seconds = 0.0
+        self.step_cpu_seconds = 0.0
         self.timed_replays = 0
 
     def replay(self) -> None:
@@ -83,22 +86,24 @@ class SegmentedGraph:
     def replay_timed(self) -> None:
         """Like replay, but accumulates the host time of the eager steps (no device sync:
         it measures launch cost, which is what an eager MoE adds per layer)."""
-        clock = time.perf_counter
+        clock, cpu_clock = time.perf_counter, time.thread_time
         steps = self.steps
         n_steps = len(steps)
-        spent = 0.0
+        spent = cpu = 0.0
         prof = _profiler()
         for i, seg in enumerate(self.segments):
             seg.replay()
             if i < n_steps:
-                t0 = clock()
+                t0, c0 = clock(), cpu_clock()
                 if prof is not None:
                     prof.enable()
                 steps[i]()
                 if prof is not None:
                     prof.disable()
                 spent += clock() - t0
+                cpu += cpu_clock() - c0
         self.step_host_seconds += spent
+        self.step_cpu_seconds += cpu
         self.timed_replays += 1
 
     @property
