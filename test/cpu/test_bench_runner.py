@@ -181,7 +181,10 @@ def test_every_layerwise_configuration_names_its_moe_path(bench):
     for name in bench.CONFIGS:
         if name.startswith("layerwise"):
             want = "0" if name.endswith("_upstream_moe") else "1"
-            assert bench.CONFIG_ENV[name] == {"SGLANG_SM120_LEAN_MOE": want}, name
+            assert bench.CONFIG_ENV[name]["SGLANG_SM120_LEAN_MOE"] == want, name
+    assert bench.CONFIG_ENV["layerwise_fa3_prefill"] == {"SGLANG_SM120_LEAN_MOE": "1",
+                                                          "SGLANG_SM120_LAYERWISE_PREFILL_ATTENTION": "fa3"}
+    assert bench.CONFIGS["layerwise_fa3_prefill"] == bench.CONFIGS["layerwise"]
     assert "disabled" not in bench.CONFIG_ENV and "upstream" not in bench.CONFIG_ENV
     # a plain run measures the product's default and upstream's; the upstream-MoE ones on request
     assert bench.DEFAULT_CONFIGS == ["disabled", "upstream", "layerwise", "layerwise_every_size",

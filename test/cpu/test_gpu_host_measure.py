@@ -134,3 +134,12 @@ def test_graph_memory_probe_says_it_needs_a_gpu(tmp_path):
     proc = subprocess.run([sys.executable, str(REPO / "tools" / "gpu_host" / "graph_memory_probe.py"),
                            "--out", str(tmp_path / "g.json")], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "needs a CUDA GPU" in proc.stderr and not (tmp_path / "g.json").exists()
+
+
+def test_prefill_fa3_step_benchmarks_and_checks_correctness_under_the_switch(tmp_path):
+    proc, calls = run(tmp_path, "prefill-fa3")
+    assert proc.returncode == 0, proc.stdout
+    assert calls[0].startswith("benchmarks/bench_runner.py") and "--configs layerwise_fa3_prefill" in calls[0]
+    assert "test/gpu/test_layerwise_correctness.py" in calls[1] and '-k qwen3_moe-bf16' in calls[1]
+    assert (tmp_path / "res" / "fa3").is_dir()
+    assert "SGLANG_SM120_LAYERWISE_PREFILL_ATTENTION=fa3" in SCRIPT.read_text()

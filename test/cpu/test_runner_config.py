@@ -352,3 +352,14 @@ def test_lean_moe_is_on_by_default_and_a_malformed_switch_fails_at_server_args_t
         C.finalize(_args())
     with pytest.raises(ValueError, match=lean_moe.ENV):  # decode-only layerwise checks it too
         C.finalize(_args(prefill="disabled"))
+
+
+def test_a_malformed_prefill_attention_choice_fails_at_server_args_time(monkeypatch):
+    from sglang.sm120.runner import prefill_attention as pa
+
+    monkeypatch.setenv(pa.ENV, "fa4")
+    with pytest.raises(ValueError, match=pa.ENV):
+        C.finalize(_args())
+    C.finalize(_args(prefill="disabled"))  # no layerwise prefill: not read
+    monkeypatch.setenv(pa.ENV, "fa3")
+    assert C.finalize(_args()).prefill is not None

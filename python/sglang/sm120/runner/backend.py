@@ -17,6 +17,7 @@ traps are armed) or "capture" (the real pass, driven by runner.startup).
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
@@ -31,7 +32,7 @@ from sglang.srt.model_executor.runner_backend.full_cuda_graph_backend import (
     FullCudaGraphBackend,
 )
 
-from . import boundary
+from . import boundary, prefill_attention
 from .boundary import CaptureSession, ProbeSession, StagingArena
 from .layerwise import LayerwiseEntry, SizeCapturer, capture_size, host_step_stats, is_oom
 from .lean_moe import ENV as LEAN_MOE_ENV
@@ -330,6 +331,13 @@ class LayerwisePrefillBackend(_LayerwiseCommon, FullCudaGraphBackend):
 
     def _planned_sizes(self):
         return self._runner.capture_num_tokens
+
+    @contextlib.contextmanager
+    def capture_session(self, stream):
+        # the fixed-slot attention wrappers are built inside the first session (the warm pass)
+        attn = getattr(getattr(self._runner, "model_runner", None), "attn_backend", None)
+        with prefill_attention.wrappers_built_with(attn), FullCudaGraphBackend.capture_session(self, stream):
+            yield
 
     def can_run(self, forward_batch, shape_key) -> bool:
         return shape_key in self.entries

@@ -19,6 +19,7 @@ import os
 from dataclasses import dataclass
 from typing import Any, List, Optional
 
+from . import prefill_attention
 from .lean_moe import lean_moe_requested, lean_prefill_cap
 from .sizes import (
     LAYERWISE_DECODE_MAX_BS,
@@ -289,6 +290,8 @@ def finalize(sa) -> Optional[Resolution]:
         # a malformed lean MoE switch or prefill cap fails here, before the model loads
         if lean_moe_requested() and prefill_plan:
             lean_prefill_cap()
+        if prefill_plan:
+            prefill_attention.requested()
         _set_env(DYNAMO_FREE_ENV, "1")
         logger.info(
             "layerwise CUDA graphs: decode %s, prefill %s",
