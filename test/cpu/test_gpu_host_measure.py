@@ -46,12 +46,13 @@ def test_serving_steps_run_only_when_named(tmp_path):
     default = tmp_path / "default"
     default.mkdir()
     proc, calls = run(default)  # no steps named: the default list, without the serving session
-    # 11 steps; `kernels` runs kernels_check.sh, whose build, smoke and pytest are 3 calls
-    assert proc.returncode == 0 and len(calls) == 13
+    # 12 steps; `kernels` runs kernels_check.sh (build, smoke, pytest: 3 calls), prefill-fa3 two
+    assert proc.returncode == 0 and len(calls) == 15
     # the lean MoE's own check first (everything after it uses the lean default), then the runner's
     assert calls[0].startswith("-m pytest") and "test_lean_moe.py" in calls[0]
-    assert [c.split()[0] for c in calls[1:4]] == ["tools/gpu_host/graph_memory_probe.py",
-                                                 "benchmarks/bench_runner.py", "benchmarks/prefill_profile.py"]
+    assert [c.split()[0] for c in calls[1:4]] == ["benchmarks/prefill_profile.py", "benchmarks/bench_runner.py",
+                                                 "benchmarks/bench_runner.py"]
+    assert "--configs layerwise_fa3_prefill" in calls[3]
     assert not {c.split()[0] for c in calls} & {"benchmarks/bench_serving_matrix.py", "benchmarks/soak.py"}
 
 
