@@ -144,3 +144,12 @@ def test_prefill_fa3_step_benchmarks_and_checks_correctness_under_the_switch(tmp
     assert "test/gpu/test_layerwise_correctness.py" in calls[1] and '-k qwen3_moe-bf16' in calls[1]
     assert (tmp_path / "res" / "fa3").is_dir()
     assert "SGLANG_SM120_LAYERWISE_PREFILL_ATTENTION=fa3" in SCRIPT.read_text()
+
+
+def test_full_grid_step_runs_without_the_quick_switch(tmp_path):
+    proc, calls = run(tmp_path, "correctness-full")
+    assert proc.returncode == 0, proc.stdout
+    assert "test/gpu/test_layerwise_correctness.py" in calls[0] and "-k qwen3_moe-bf16" in calls[0]
+    text = SCRIPT.read_text()
+    block = text[text.index("    correctness-full)"):text.index("    eager-warmup)")]
+    assert "SGLANG_SM120_GPU_QUICK" not in block and (tmp_path / "res" / "full-grid").is_dir()

@@ -28,6 +28,9 @@
 #   correctness  quick grid of test_layerwise_correctness.py, -k $CORRECTNESS_K (default: every
 #                mode of the bf16 models, the ones the lean eager MoE (default since session 7)
 #                changes; a layerwise mode needs its `full` control in the same process)      1500
+#   correctness-full  the issue's whole grid (bs {1,3,17,64,300,1024} x lengths {7,128,2000}, no
+#                SGLANG_SM120_GPU_QUICK), -k $CORRECTNESS_FULL_K (default: qwen3_moe-bf16), every
+#                mode with the control -> RESULTS/full-grid/                                     2400
 #   eager-warmup bench_runner.py --diagnose-eager-warmup: where upstream's graphs-disabled
 #                warmup spends its time on a tiny MoE (stacks every 15 s)                        450
 # Not in the default list (a serving session of their own, ~25 min, issue 6):
@@ -55,7 +58,7 @@ cd "$(dirname "$0")/../.."
 RES=$(mkdir -p "$1" && cd "$1" && pwd); shift
 STEPS=("$@")
 [ ${#STEPS[@]} -gt 0 ] || STEPS=(lean-moe prefill-profile runner prefill-fa3 traps correctness graph-memory kernels fp4 fp4-ncu moe-profile eager-warmup)
-KNOWN="lean-moe kernels fp4 fp4-ncu graph-memory runner prefill-profile prefill-fa3 moe-profile traps correctness eager-warmup client-ceiling serving soak serving-diag serving-soak serving-tw4"
+KNOWN="lean-moe kernels fp4 fp4-ncu graph-memory runner prefill-profile prefill-fa3 moe-profile traps correctness correctness-full eager-warmup client-ceiling serving soak serving-diag serving-soak serving-tw4"
 for s in "${STEPS[@]}"; do  # all checked before the first one starts
   case " $KNOWN " in *" $s "*) ;; *) echo "measure_all.sh: unknown step $s ($KNOWN)"; exit 2 ;; esac
 done
@@ -117,6 +120,10 @@ for s in "${STEPS[@]}"; do
       SGLANG_SM120_GPU_QUICK=1 SGLANG_SM120_RESULTS_DIR="$RES" step correctness 1500 "$PY" -m pytest -m gpu -q \
         -p no:cacheprovider test/gpu/test_layerwise_correctness.py \
         -k "${CORRECTNESS_K:-bf16}" ;;
+    correctness-full)
+      mkdir -p "$RES/full-grid"
+      SGLANG_SM120_RESULTS_DIR="$RES/full-grid" step correctness-full 2400 "$PY" -m pytest -m gpu -q \
+        -p no:cacheprovider test/gpu/test_layerwise_correctness.py -k "${CORRECTNESS_FULL_K:-qwen3_moe-bf16}" ;;
     eager-warmup)
       step eager-warmup 450 "$PY" benchmarks/bench_runner.py --diagnose-eager-warmup --timeout 400 \
         --results-dir "$RES" --workdir "$RES/eager-warmup-work"
