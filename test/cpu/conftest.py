@@ -11,3 +11,14 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(n)
+
+
+@pytest.fixture
+def env_value(monkeypatch):
+    """env_value(NAME, raw): NAME set to raw for the test, or unset when raw is None."""
+    def apply(name, raw):
+        if raw is None:
+            monkeypatch.delenv(name, raising=False)
+        else:
+            monkeypatch.setenv(name, raw)
+    return apply

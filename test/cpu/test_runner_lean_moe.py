@@ -491,11 +491,8 @@ def test_without_lean_the_boundary_is_unchanged(kernels):
 # ------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("raw, want", [(None, lean_moe.DEFAULT_PREFILL_CAP), ("", lean_moe.DEFAULT_PREFILL_CAP),
                                        ("0", 0), ("1024", 1024), (" 2048 ", 2048)])
-def test_prefill_cap_from_the_environment(monkeypatch, raw, want):
-    if raw is None:
-        monkeypatch.delenv(lean_moe.PREFILL_CAP_ENV, raising=False)
-    else:
-        monkeypatch.setenv(lean_moe.PREFILL_CAP_ENV, raw)
+def test_prefill_cap_from_the_environment(env_value, raw, want):
+    env_value(lean_moe.PREFILL_CAP_ENV, raw)
     assert lean_moe.lean_prefill_cap() == want
 
 

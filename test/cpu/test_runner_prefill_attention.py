@@ -8,11 +8,8 @@ from sglang.sm120.runner import prefill_attention as pa
 
 
 @pytest.mark.parametrize("raw, want", [(None, "fa2"), ("", "fa2"), ("fa2", "fa2"), (" fa3 ", "fa3")])
-def test_choice_from_the_environment(monkeypatch, raw, want):
-    if raw is None:
-        monkeypatch.delenv(pa.ENV, raising=False)
-    else:
-        monkeypatch.setenv(pa.ENV, raw)
+def test_choice_from_the_environment(env_value, raw, want):
+    env_value(pa.ENV, raw)
     assert pa.requested() == want
 
 
