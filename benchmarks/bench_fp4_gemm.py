@@ -222,7 +222,8 @@ def bench_shape(name, n, k, ms, l2, copy_bw, floor_us, marlin, reps, log):
         r[f"ours_{w}w_us"] = time_ops([lambda p=p: K.gemm_w4a16(x, p, pdl=False, warps=w) for p in pws], reps)
         r[f"ours_{w}w_pdl_us"] = time_ops([lambda p=p: K.gemm_w4a16(x, p, pdl=True, warps=w) for p in pws], reps)
         r[f"ours_{w}w_half_target_pdl_us"] = time_ops(
-            [lambda p=p: K.gemm_w4a16(x, p, pdl=True, warps=w, split_target=max(1, sms // 2)) for p in pws], reps)
+            [lambda p=p: K.gemm_w4a16(x, p, pdl=True, warps=w, split_target=max(1, SPLIT_TARGET_OF["0.5x"](sms)))
+             for p in pws], reps)
         # split-K reduced in a thread-block cluster (where the plan has 2..8 splits), PDL on
         r["ours_cluster_pdl_us"] = time_ops([lambda p=p: K.gemm_w4a16(x, p, pdl=True, cluster=True) for p in pws], reps)
         r["cluster_plan"] = K.w4a16_plan(m, n, k, sms, cluster=True)["cluster"]
@@ -298,8 +299,6 @@ def rows_with_warps(rows, warps):
     return out
 
 
-# Split-K targets timed on every row beside the default (2x SMs), PDL launch.
-ROW_SPLIT_TARGETS = (("0.25x", lambda sms: sms // 4), ("0.5x", lambda sms: sms // 2), ("1x", lambda sms: sms))
 
 
 def add_floor_bounds(r, floor_us, copy_bw):
@@ -316,8 +315,12 @@ def add_floor_bounds(r, floor_us, copy_bw):
 
 # Split-K targets swept: "none" (target 1: one CTA per output tile, no reduction pass) up to 8
 # CTAs per SM; the default is 2 per SM.
-SPLIT_TARGETS = (("none", lambda sms: 1), ("0.5x", lambda sms: sms // 2), ("1x", lambda sms: sms),
-                 ("2x", lambda sms: 2 * sms), ("4x", lambda sms: 4 * sms), ("8x", lambda sms: 8 * sms))
+SPLIT_TARGET_OF = {"none": lambda sms: 1, "0.25x": lambda sms: sms // 4, "0.5x": lambda sms: sms // 2,
+                   "1x": lambda sms: sms, "2x": lambda sms: 2 * sms, "4x": lambda sms: 4 * sms,
+                   "8x": lambda sms: 8 * sms}
+SPLIT_TARGETS = tuple((k, SPLIT_TARGET_OF[k]) for k in ("none", "0.5x", "1x", "2x", "4x", "8x"))
+# timed on every row beside the default (2x SMs), PDL launch
+ROW_SPLIT_TARGETS = tuple((k, SPLIT_TARGET_OF[k]) for k in ("0.25x", "0.5x", "1x"))
 
 
 def tune_splits(sms, reps, log):
@@ -389,9 +392,9 @@ def summarize(rows, marlin_reason):
     rmin = lambda v, nd: round(min(v), nd) if v else None  # noqa: E731
     big16 = lambda r: r["M"] <= 16 and r["weight_fp4_bytes"] >= BIG_WEIGHT_BYTES  # noqa: E731
     le8 = lambda r: r["M"] <= 8  # noqa: E731
+    big16_bw = pick(big16, "ours_bw_pct")
     extra = {
-        "bw_pct_m_le_16_weights_ge_8MB_median": round(statistics.median(pick(big16, "ours_bw_pct")), 1)
-        if pick(big16, "ours_bw_pct") else None,
+        "bw_pct_m_le_16_weights_ge_8MB_median": round(statistics.median(big16_bw), 1) if big16_bw else None,
         "speedup_vs_bf16_m_1_to_8_geomean": geo(pick(le8, "speedup_vs_bf16")),
         "speedup_vs_marlin_m_le_16_geomean": geo(pick(lambda r: r["M"] <= 16, "speedup_vs_marlin")),
         "pdl_bw_pct_of_copy_m_le_16_weights_ge_8MB_min": rmin(pick(big16, "ours_pdl_bw_pct"), 1),

@@ -249,9 +249,9 @@ def test_deferred_capture_warms_first_and_captures_under_armed_traps(monkeypatch
 
     # free memory drops 1000 B over the capture, of which the allocator took 300 B (the first
     # capture attempt below stops at a trap after reading "before")
-    free, reserved = iter([5000, 5000, 4000]), iter([700, 700, 1000])
-    monkeypatch.setattr(runners, "_free_bytes", lambda dm: next(free))
-    monkeypatch.setattr(runners, "_reserved_bytes", lambda: next(reserved))
+    points = iter([dict(free=f, reserved=r, allocated=0, pool=0, pool_blocks=frozenset())
+                   for f, r in ((5000, 700), (5000, 700), (4000, 1000))])
+    monkeypatch.setattr(runners, "memory_point", lambda pool: next(points))
     monkeypatch.setattr("sglang.sm120.runner.prewarm.warm_sampling", lambda mr: None)
     monkeypatch.setenv(traps.ENV_MODE, "raise")
     try:
@@ -305,9 +305,11 @@ def test_report_times_each_size_warm_probe_and_capture():
         assert set(timings[size]) == {"warm_s"}
 
 
-def test_report_splits_each_captured_sizes_memory_by_kind():
-    from sglang.sm120.runner.backend import memory_delta
+def test_report_splits_each_captured_sizes_memory_by_kind(monkeypatch):
+    from sglang.sm120.runner.backend import TIMING_ENV
+    from sglang.sm120.runner.memory import memory_delta
 
+    monkeypatch.setenv(TIMING_ENV, "1")  # the per-size readings are diagnostics
     sizes = [1, 2, 4, 8]
     model, backend, static_ids = _dense_backend(sizes, full_max_bs=2)
     _capture_all(backend, model, static_ids, sizes)
@@ -326,3 +328,15 @@ def test_report_splits_each_captured_sizes_memory_by_kind():
     assert memory_delta(before, after) == {"allocated": 50, "reserved": 6_000_000, "pool": 4_000_000,
                                            "outside": 4_000_000, "kept_blocks": 2,
                                            "kept_largest": [1 << 20, 2048]}
+
+
+def test_without_the_diagnostics_switch_no_size_is_read(monkeypatch):
+    from sglang.sm120.runner import backend as backend_mod
+
+    monkeypatch.delenv(backend_mod.TIMING_ENV, raising=False)
+    monkeypatch.setattr(backend_mod, "memory_point", lambda pool: pytest.fail("read memory without diagnostics"))
+    sizes = [1, 2, 4]
+    model, backend, static_ids = _dense_backend(sizes, full_max_bs=1)
+    _capture_all(backend, model, static_ids, sizes)
+    report = backend.report()
+    assert report["size_memory"] == {} and report["memory_accounting_s"] == 0

@@ -37,6 +37,7 @@ from .boundary import CaptureSession, ProbeSession, StagingArena
 from .layerwise import LayerwiseEntry, SizeCapturer, capture_size, host_step_stats, is_oom
 from .lean_moe import ENV as LEAN_MOE_ENV
 from .lean_moe import PREFILL_CAP_ENV, LeanMoe, lean_moe_requested, lean_prefill_cap
+from .memory import memory_delta, memory_point
 from .segments import cuda_graph_factory
 
 logger = logging.getLogger(__name__)
@@ -63,41 +64,6 @@ boundary.register_state_provider(_forward_flags_provider)
 
 def _timing_enabled() -> bool:
     return os.environ.get(TIMING_ENV, "") == "1"
-
-
-def memory_point(pool) -> Dict[str, int]:
-    """Device memory now, split the way a size's capture can take it: live tensors
-    (`allocated`), everything torch's caching allocator holds (`reserved`), the part of that in
-    the graph pool's segments (`pool`), and free device memory (`free`; what leaves it beyond
-    `reserved` is outside the allocator: the driver's instantiated graphs). Zeros without CUDA."""
-    if not torch.cuda.is_available():
-        return {"allocated": 0, "reserved": 0, "pool": 0, "free": 0, "pool_blocks": frozenset()}
-    torch.cuda.synchronize()
-    pool_bytes, live = 0, set()
-    if pool is not None:
-        want = tuple(pool)
-        for seg in torch.cuda.memory._snapshot()["segments"]:
-            if tuple(seg.get("segment_pool_id", ())) == want:
-                pool_bytes += seg["total_size"]
-                addr = seg["address"]
-                for block in seg["blocks"]:
-                    addr = block.get("address", addr)
-                    if block["state"] == "active_allocated":
-                        live.add((addr, block["size"]))
-                    addr += block["size"]
-    return {"allocated": torch.cuda.memory_allocated(), "reserved": torch.cuda.memory_reserved(),
-            "pool": pool_bytes, "free": torch.cuda.mem_get_info()[0], "pool_blocks": frozenset(live)}
-
-
-def memory_delta(before: Dict[str, Any], after: Dict[str, Any], largest: int = 6) -> Dict[str, Any]:
-    """What one capture took: the growth of each part, `outside` the allocator, and the pool
-    blocks it left allocated (count and the largest sizes: which tensors a size keeps)."""
-    d: Dict[str, Any] = {k: after[k] - before[k] for k in ("allocated", "reserved", "pool")}
-    d["outside"] = (before["free"] - after["free"]) - d["reserved"]
-    kept = sorted((size for _, size in after["pool_blocks"] - before["pool_blocks"]), reverse=True)
-    d["kept_blocks"] = len(kept)
-    d["kept_largest"] = kept[:largest]
-    return d
 
 
 def _oom_on_capture(forward_fn, size):
@@ -133,7 +99,8 @@ class _LayerwiseCommon:
         self._warm_oom: Optional[int] = None
         # wall seconds per size: the warm pass's forwards, the capture pass's probe and capture
         self.size_timings: Dict[int, Dict[str, float]] = {}
-        # bytes per captured size, by kind (full / layerwise): memory_delta around its capture
+        # bytes per captured size, by kind (full / layerwise): memory_delta around its capture,
+        # read only with the diagnostics switch (TIMING_ENV) on
         self.size_memory: Dict[int, Dict[str, Any]] = {}
         self.memory_accounting_s = 0.0  # spent reading it (not capture time: reported apart)
         self.lean: Optional[LeanMoe] = LeanMoe(runner.device, lean_max_rows) if lean else None
@@ -214,18 +181,20 @@ class _LayerwiseCommon:
         if self.capturer is None:
             self.capturer = self._new_capturer(self._capture_full)
         self._current = (shape_key, forward_fn, post_warmup_hook)
+        # diagnostics only (TIMING_ENV): a device sync and an allocator snapshot around the capture
         pool = getattr(self, "_pool", None)
         t0 = time.perf_counter()
-        before = memory_point(pool)
+        before = memory_point(pool) if self._timing else None
         t1 = time.perf_counter()
         try:
             kind = self.capturer.capture(shape_key.size)
         finally:
             self._current = None
-        t2 = time.perf_counter()
-        if kind is not None:
-            self.size_memory[shape_key.size] = dict(memory_delta(before, memory_point(pool)), kind=kind)
-        self.memory_accounting_s += (t1 - t0) + (time.perf_counter() - t2)
+        if before is not None:
+            t2 = time.perf_counter()
+            if kind is not None:
+                self.size_memory[shape_key.size] = dict(memory_delta(before, memory_point(pool)), kind=kind)
+            self.memory_accounting_s += (t1 - t0) + (time.perf_counter() - t2)
 
     def _capture_full(self, size: int) -> None:
         raise AssertionError(f"{self.phase} never captures full graphs under layerwise")
@@ -335,7 +304,7 @@ class LayerwisePrefillBackend(_LayerwiseCommon, FullCudaGraphBackend):
     @contextlib.contextmanager
     def capture_session(self, stream):
         # the fixed-slot attention wrappers are built inside the first session (the warm pass)
-        attn = getattr(getattr(self._runner, "model_runner", None), "attn_backend", None)
+        attn = getattr(self._runner.model_runner, "attn_backend", None)
         with prefill_attention.wrappers_built_with(attn), FullCudaGraphBackend.capture_session(self, stream):
             yield
 

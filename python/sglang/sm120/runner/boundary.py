@@ -226,7 +226,7 @@ class ProbeSession(_Session):
         if lean is not None:
             try:
                 lean[0]()
-                self.lean.scrub(lean[1])
+                lean[0].scrub()
                 lean[0]()
             except torch.OutOfMemoryError:
                 raise  # the size's OOM handling decides

@@ -192,12 +192,6 @@ class LeanWorkspace:
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self._flat.values())
 
-    def scrub(self) -> None:
-        """NaN into every floating-point buffer: a launch that did not run shows in the result."""
-        for t in self._flat.values():
-            if t.is_floating_point():
-                t.fill_(float("nan"))
-
 
 @dataclass
 class LeanPlan:
@@ -391,11 +385,6 @@ class LeanMoe:
                               device=hidden_states.device)
         return _make_lean_step(plan, owner, hidden_states, tw, ti, out), out
 
-    def scrub(self, out: torch.Tensor) -> None:
-        """Between a probe's two lean calls: NaN into the workspace and `out`."""
-        self.workspace.scrub()
-        out.fill_(float("nan"))
-
     def summary(self) -> Dict[str, Any]:
         return {"plans": len(self._plans), "workspace_bytes": self.workspace.nbytes,
                 "max_rows": self.max_rows, "refusals": dict(self.refusals)}
@@ -415,11 +404,19 @@ def _make_lean_step(plan, owner, hidden_states, tw, ti, out):
         for c in calls:
             c()
 
+    def scrub() -> None:
+        """NaN into the buffers the step writes (intermediates and `out`): a launch that does not
+        run on the next call shows in its result. The probe calls it between its two calls."""
+        for t in (plan.cache1, plan.cache2, plan.cache3, out):
+            if t is not None:
+                t.fill_(float("nan"))
+
     def triton_resolved() -> list:
         """Per Triton call of the step: whether its launches are resolved (after its first run)."""
         return [c.launches is not None for c in calls if isinstance(c, ResolvedOnce)]
 
     step.owner_name = f"{type(owner).__name__}(lean)"
     step.lean = True
+    step.scrub = scrub
     step.triton_resolved = triton_resolved
     return step

@@ -17,32 +17,19 @@ import logging
 import sys
 import time
 
-import torch
-
 from sglang.srt.model_executor.runner.decode_cuda_graph_runner import DecodeCudaGraphRunner
 from sglang.srt.model_executor.runner.prefill_cuda_graph_runner import PrefillCudaGraphRunner
 from sglang.srt.model_executor.runner_utils.capture_mode import model_capture_mode
 
 from . import startup
 from .layerwise import EagerFallbackLog, describe_sizes
+from .memory import memory_delta, memory_point
 from .sizes import pad_to_bucket
 
 logger = logging.getLogger(__name__)
 
 CAPTURE_TAG = "SM120_LAYERWISE_CAPTURE"
 HOST_TAG = "SM120_LAYERWISE_HOST"
-
-
-def _free_bytes(device_module) -> int:
-    device_module.synchronize()
-    free, _ = torch.cuda.mem_get_info()
-    return free
-
-
-def _reserved_bytes() -> int:
-    """What torch's caching allocator holds (graph pools included); the rest of a drop in free
-    memory is outside it (the driver's instantiated graphs, library workspaces)."""
-    return torch.cuda.memory_reserved() if torch.cuda.is_available() else 0
 
 
 class _DeferredCaptureMixin:
@@ -62,18 +49,18 @@ class _DeferredCaptureMixin:
     def _lw_finish(self, run) -> None:
         self._lw_started = True
         tic = time.perf_counter()
-        before, reserved_before = _free_bytes(self.device_module), _reserved_bytes()
+        before = memory_point(None)
         run()
-        after, reserved_after = _free_bytes(self.device_module), _reserved_bytes()
+        after = memory_point(None)
         self._lw_finished = True
         self._lw_apply_servable()
         report = self.backend.report()
-        # graph memory split: torch's allocator (pool and eager caches) vs outside it, per graph
+        # graph memory split: torch's allocator (pool and eager caches) vs outside it, per graph;
         # elapsed without the per-size memory readings (their time is in memory_accounting_s)
+        taken = memory_delta(before, after)
         elapsed = time.perf_counter() - tic - report.get("memory_accounting_s", 0.0)
-        report.update(elapsed_s=round(elapsed, 3), mem_bytes=before - after,
-                      allocator_bytes=reserved_after - reserved_before,
-                      outside_allocator_bytes=(before - after) - (reserved_after - reserved_before))
+        report.update(elapsed_s=round(elapsed, 3), mem_bytes=before["free"] - after["free"],
+                      allocator_bytes=taken["reserved"], outside_allocator_bytes=taken["outside"])
         logger.info(
             "layerwise %s capture: %.2f s, %.3f GB; full %s, layerwise %s, dropped %s, "
             "%d segments per layerwise size, staging %.1f MB",
