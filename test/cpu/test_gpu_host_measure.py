@@ -146,10 +146,16 @@ def test_prefill_fa3_step_benchmarks_and_checks_correctness_under_the_switch(tmp
     assert "SGLANG_SM120_LAYERWISE_PREFILL_ATTENTION=fa3" in SCRIPT.read_text()
 
 
-def test_full_grid_step_runs_without_the_quick_switch(tmp_path):
-    proc, calls = run(tmp_path, "correctness-full")
-    assert proc.returncode == 0, proc.stdout
-    assert "test/gpu/test_layerwise_correctness.py" in calls[0] and "-k qwen3_moe-bf16" in calls[0]
+def test_full_grid_step_runs_each_model_in_its_own_process_and_reports_each_failure(tmp_path, monkeypatch):
+    monkeypatch.setenv("CORRECTNESS_FULL_STAGGER_S", "0")
+    proc, calls = run(tmp_path, "correctness-full", fail="-k qwen3_moe-nvfp4")
+    assert proc.returncode == 1, proc.stdout
+    models = sorted(c.split(" -k ")[1] for c in calls)
+    assert models == ["deepseek_v2-bf16", "deepseek_v2-nvfp4", "qwen3_moe-bf16", "qwen3_moe-nvfp4"]
+    assert all("test/gpu/test_layerwise_correctness.py" in c for c in calls)
+    assert len({c.split("--basetemp ")[1].split()[0] for c in calls}) == 4  # no shared pytest tmp dir
+    assert "failed steps: correctness-full-qwen3_moe-nvfp4" in proc.stdout
+    assert (tmp_path / "res" / "correctness-full-deepseek_v2-bf16.log").read_text().strip() == "1 passed"
     text = SCRIPT.read_text()
     block = text[text.index("    correctness-full)"):text.index("    eager-warmup)")]
-    assert "SGLANG_SM120_GPU_QUICK" not in block and (tmp_path / "res" / "full-grid").is_dir()
+    assert "SGLANG_SM120_GPU_QUICK" not in block and "SGLANG_SM120_GPU_MAX_TOKENS=" in block

@@ -34,7 +34,10 @@ dequantization order.
 Environment: SGLANG_SM120_TINY_DIR caches the generated models (default: a pytest temp dir);
 SGLANG_SM120_GPU_QUICK=1 runs batch sizes {1, 17, 300} x lengths {7, 2000} only;
 SGLANG_SM120_RESULTS_DIR: also write layerwise-correctness-<model>[-tpN].{json,md} there (merged
-over modes); SGLANG_SM120_TP=N runs every engine with tensor parallelism N.
+over modes); SGLANG_SM120_TP=N runs every engine with tensor parallelism N;
+SGLANG_SM120_GPU_MAX_TOKENS=N caps every engine's KV pool at N tokens (--max-total-tokens), so
+several pytest processes, one model each, can share one GPU (queue step correctness-full); a cap
+below what the grid's largest batch holds at once is refused.
 Every engine runs with SGLANG_SM120_DYNAMO_FREE=1 (the eager MoE helpers layerwise
 needs), so the modes differ only in graph capture.
 
@@ -66,6 +69,11 @@ NEAR_TIE_EPS = {"bf16": 0.25, "nvfp4": 0.5}  # nats, see the module docstring
 MAX_FLIP_FRACTION = 0.10  # of all prompts of one mode (first H200 run: 71/732 diverged)
 MAX_ABS_DELTA = {"bf16": 1.0, "nvfp4": 2.0}  # nats, chosen-token logprob on agreeing prefixes
 NOISE_SLACK, NOISE_EXTRA = 1.5, 2  # where graphs disabled does not repeat itself: see divergence_failures
+MAX_TOKENS = int(os.environ.get("SGLANG_SM120_GPU_MAX_TOKENS", "0")) or None
+_LARGEST_BATCH_TOKENS = max(BATCH_SIZES) * (max(PROMPT_LENS) + NEW_TOKENS)
+if MAX_TOKENS is not None and MAX_TOKENS < _LARGEST_BATCH_TOKENS:
+    raise ValueError(f"SGLANG_SM120_GPU_MAX_TOKENS={MAX_TOKENS} is below the {_LARGEST_BATCH_TOKENS} "
+                     "tokens the largest batch of the grid holds at once")
 MODELS = [("qwen3_moe", "bf16"), ("qwen3_moe", "nvfp4"), ("deepseek_v2", "bf16"), ("deepseek_v2", "nvfp4")]
 TEST_MODES = ["full", "layerwise", "every_size"]
 LAYERWISE_MODES = ("layerwise", "every_size")
@@ -280,6 +288,7 @@ def run_engine(model_dir: Path, mode: str, arch: str, groups, trap_log: Path, pa
         disable_radix_cache=True,
         random_seed=0,
         tp_size=TP,
+        max_total_tokens=MAX_TOKENS,
         log_level="warning",
         **mode_kwargs(mode, arch),
     )

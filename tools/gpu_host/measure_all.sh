@@ -29,8 +29,10 @@
 #                mode of the bf16 models, the ones the lean eager MoE (default since session 7)
 #                changes; a layerwise mode needs its `full` control in the same process)      1500
 #   correctness-full  the issue's whole grid (bs {1,3,17,64,300,1024} x lengths {7,128,2000}, no
-#                SGLANG_SM120_GPU_QUICK), -k $CORRECTNESS_FULL_K (default: qwen3_moe-bf16), every
-#                mode with the control -> RESULTS/full-grid/                                     2400
+#                SGLANG_SM120_GPU_QUICK), every mode with the control, for each of
+#                $CORRECTNESS_FULL_MODELS (default: all four tiny models) in its own pytest process,
+#                all at once on the one GPU (KV pools capped by SGLANG_SM120_GPU_MAX_TOKENS)
+#                -> RESULTS/full-grid/                                                   2400 each
 #   eager-warmup bench_runner.py --diagnose-eager-warmup: where upstream's graphs-disabled
 #                warmup spends its time on a tiny MoE (stacks every 15 s)                        450
 # Not in the default list (a serving session of their own, ~25 min, issue 6):
@@ -120,10 +122,20 @@ for s in "${STEPS[@]}"; do
       SGLANG_SM120_GPU_QUICK=1 SGLANG_SM120_RESULTS_DIR="$RES" step correctness 1500 "$PY" -m pytest -m gpu -q \
         -p no:cacheprovider test/gpu/test_layerwise_correctness.py \
         -k "${CORRECTNESS_K:-bf16}" ;;
-    correctness-full)
+    correctness-full)  # one pytest process per model, side by side on the one GPU, each KV pool capped
       mkdir -p "$RES/full-grid"
-      SGLANG_SM120_RESULTS_DIR="$RES/full-grid" step correctness-full 2400 "$PY" -m pytest -m gpu -q \
-        -p no:cacheprovider test/gpu/test_layerwise_correctness.py -k "${CORRECTNESS_FULL_K:-qwen3_moe-bf16}" ;;
+      for m in ${CORRECTNESS_FULL_MODELS:-qwen3_moe-bf16 qwen3_moe-nvfp4 deepseek_v2-bf16 deepseek_v2-nvfp4}; do
+        (
+          FAILED=()
+          SGLANG_SM120_GPU_MAX_TOKENS=2200000 SGLANG_SM120_TINY_DIR=/tmp/sm120-tiny \
+            SGLANG_SM120_RESULTS_DIR="$RES/full-grid" step "correctness-full-$m" 2400 "$PY" -m pytest -m gpu -q \
+            -p no:cacheprovider --basetemp "/tmp/sm120-full-grid-$m" test/gpu/test_layerwise_correctness.py -k "$m"
+          [ ${#FAILED[@]} -eq 0 ] || touch "$RES/full-grid/$m.failed"
+        ) &
+        sleep "${CORRECTNESS_FULL_STAGGER_S:-15}"  # engine start-ups pick free ports by probing
+      done
+      wait
+      for f in "$RES"/full-grid/*.failed; do [ -e "$f" ] && FAILED+=("correctness-full-$(basename "$f" .failed)"); done ;;
     eager-warmup)
       step eager-warmup 450 "$PY" benchmarks/bench_runner.py --diagnose-eager-warmup --timeout 400 \
         --results-dir "$RES" --workdir "$RES/eager-warmup-work"
