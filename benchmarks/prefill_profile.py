@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Where a prefill's GPU time goes: upstream `breakable` vs `layerwise`, kernel by kernel.
 
-    python benchmarks/prefill_profile.py --tag h200 [--configs upstream layerwise layerwise_fa3_prefill] [--tokens 1024 4096]
+    python benchmarks/prefill_profile.py --tag h200 [--configs upstream layerwise layerwise_fa2_prefill] [--tokens 1024 4096]
 
 Why: layerwise prefill took 1.07x `breakable`'s time at 1024 and 4096 tokens (H200, session 7)
 and host time alone does not explain it (docs/runner.md 5.6). Each configuration runs
@@ -140,7 +140,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tag", default="h200")
     ap.add_argument("--configs", nargs="+", choices=list(br.CONFIGS),
-                    default=["upstream", "layerwise", "layerwise_fa3_prefill"])
+                    default=["upstream", "layerwise", "layerwise_fa2_prefill"])
     ap.add_argument("--tokens", nargs="+", type=int, choices=sorted(br.PREFILL_BS), default=[1024, 4096])
     ap.add_argument("--timeout", type=int, default=400, help="per configuration, seconds")
     ap.add_argument("--results-dir", default=str(br.RESULTS))

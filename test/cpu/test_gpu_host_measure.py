@@ -46,13 +46,13 @@ def test_serving_steps_run_only_when_named(tmp_path):
     default = tmp_path / "default"
     default.mkdir()
     proc, calls = run(default)  # no steps named: the default list, without the serving session
-    # 12 steps; `kernels` runs kernels_check.sh (build, smoke, pytest: 3 calls), prefill-fa3 two
+    # 12 steps; `kernels` runs kernels_check.sh (build, smoke, pytest: 3 calls), prefill-fa2 two
     assert proc.returncode == 0 and len(calls) == 15
     # the lean MoE's own check first (everything after it uses the lean default), then the runner's
     assert calls[0].startswith("-m pytest") and "test_lean_moe.py" in calls[0]
     assert [c.split()[0] for c in calls[1:4]] == ["benchmarks/prefill_profile.py", "benchmarks/bench_runner.py",
                                                  "benchmarks/bench_runner.py"]
-    assert "--configs layerwise_fa3_prefill" in calls[3]
+    assert "--configs layerwise_fa2_prefill" in calls[3]
     assert not {c.split()[0] for c in calls} & {"benchmarks/bench_serving_matrix.py", "benchmarks/soak.py"}
 
 
@@ -137,13 +137,13 @@ def test_graph_memory_probe_says_it_needs_a_gpu(tmp_path):
     assert proc.returncode == 2 and "needs a CUDA GPU" in proc.stderr and not (tmp_path / "g.json").exists()
 
 
-def test_prefill_fa3_step_benchmarks_and_checks_correctness_under_the_switch(tmp_path):
-    proc, calls = run(tmp_path, "prefill-fa3")
+def test_prefill_fa2_step_benchmarks_and_checks_correctness_under_the_switch(tmp_path):
+    proc, calls = run(tmp_path, "prefill-fa2")
     assert proc.returncode == 0, proc.stdout
-    assert calls[0].startswith("benchmarks/bench_runner.py") and "--configs layerwise_fa3_prefill" in calls[0]
+    assert calls[0].startswith("benchmarks/bench_runner.py") and "--configs layerwise_fa2_prefill" in calls[0]
     assert "test/gpu/test_layerwise_correctness.py" in calls[1] and '-k qwen3_moe-bf16' in calls[1]
-    assert (tmp_path / "res" / "fa3").is_dir()
-    assert "SGLANG_SM120_LAYERWISE_PREFILL_ATTENTION=fa3" in SCRIPT.read_text()
+    assert (tmp_path / "res" / "fa2").is_dir()
+    assert "SGLANG_SM120_LAYERWISE_PREFILL_ATTENTION=fa2" in SCRIPT.read_text()
 
 
 def test_full_grid_step_runs_each_model_in_its_own_process_and_reports_each_failure(tmp_path, monkeypatch):

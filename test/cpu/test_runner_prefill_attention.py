@@ -7,36 +7,62 @@ import pytest
 from sglang.sm120.runner import prefill_attention as pa
 
 
-@pytest.mark.parametrize("raw, want", [(None, "fa2"), ("", "fa2"), ("fa2", "fa2"), (" fa3 ", "fa3")])
+@pytest.mark.parametrize("raw, want", [(None, "auto"), ("", "auto"), ("fa2", "fa2"), (" fa3 ", "fa3"), ("auto", "auto")])
 def test_choice_from_the_environment(env_value, raw, want):
     env_value(pa.ENV, raw)
     assert pa.requested() == want
 
 
 def test_a_bad_choice_names_the_variable(monkeypatch):
-    monkeypatch.setenv(pa.ENV, "auto")
-    with pytest.raises(ValueError, match=f"{pa.ENV}='auto': expected one of fa2, fa3"):
+    monkeypatch.setenv(pa.ENV, "fa4")
+    with pytest.raises(ValueError, match=f"{pa.ENV}='fa4': expected one of auto, fa2, fa3"):
         pa.requested()
 
 
-def test_wrappers_built_inside_take_the_choice_and_the_backend_gets_its_own_back(caplog):
-    attn = SimpleNamespace(prefill_backend="fa2")
+def _planning_backend(resolved: str):
+    """Stands in for FlashInfer's backend: its captured prefill wrappers resolve `auto` at plan."""
+    attn = SimpleNamespace(prefill_backend="fa2", full_cg_prefill_wrappers=[])
+
+    def build_and_plan():
+        w = SimpleNamespace(_backend=attn.prefill_backend)
+        if w._backend == "auto":
+            w._backend = resolved
+        attn.full_cg_prefill_wrappers = [w, w]
+    return attn, build_and_plan
+
+
+@pytest.mark.parametrize("choice, resolved", [("fa3", "fa3"), ("auto", "fa3"), ("auto", "fa2")])
+def test_wrappers_built_inside_take_the_choice_and_the_backend_gets_its_own_back(caplog, choice, resolved):
+    attn, build_and_plan = _planning_backend(resolved)
     seen = []
     with caplog.at_level(logging.INFO, logger=pa.__name__):
-        for _ in range(2):  # the warm pass and the capture pass: one log line
-            with pa.wrappers_built_with(attn, "fa3"):
+        for _ in range(2):  # the warm pass and the capture pass: one log line, naming what was planned
+            with pa.wrappers_built_with(attn, choice, capability=(9, 0)):
                 seen.append(attn.prefill_backend)
+                build_and_plan()
             seen.append(attn.prefill_backend)
-    assert seen == ["fa3", "fa2", "fa3", "fa2"]
-    assert len([r for r in caplog.records if "FlashInfer fa3" in r.getMessage()]) == 1
+    assert seen == [choice, "fa2", choice, "fa2"]
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 1 and f"planned with FlashInfer {resolved} ({pa.ENV}={choice}; upstream: fa2)" in lines[0]
     with pytest.raises(RuntimeError):  # restored on an error too
-        with pa.wrappers_built_with(attn, "fa3"):
+        with pa.wrappers_built_with(attn, choice, capability=(9, 0)):
             raise RuntimeError("capture failed")
     assert attn.prefill_backend == "fa2"
-    with pa.wrappers_built_with(attn, "fa2"):  # the default touches nothing
+    with pa.wrappers_built_with(attn, "fa2"):  # upstream's choice touches nothing
         assert attn.prefill_backend == "fa2"
-    with pa.wrappers_built_with(None, "fa3"):  # no FlashInfer backend: nothing to set
+    with pa.wrappers_built_with(None, choice):  # no FlashInfer backend: nothing to set
         pass
+
+
+def test_fa3_is_refused_off_sm90_and_auto_is_left_to_flashinfer():
+    attn, _ = _planning_backend("fa2")
+    with pytest.raises(ValueError, match=f"{pa.ENV}=fa3: .* SM90 GPU, this one is sm_120; use auto or fa2"):
+        with pa.wrappers_built_with(attn, "fa3", capability=(12, 0)):
+            pass
+    assert attn.prefill_backend == "fa2"
+    with pa.wrappers_built_with(attn, "auto", capability=(12, 0)):  # FlashInfer picks fa2 there
+        assert attn.prefill_backend == "auto"
+    assert pa.planned(SimpleNamespace()) == []
 
 
 def test_the_captured_attention_prefill_backend_applies_it_for_its_capture_sessions(monkeypatch):
@@ -44,7 +70,7 @@ def test_the_captured_attention_prefill_backend_applies_it_for_its_capture_sessi
     from sglang.sm120.runner.backend import LayerwisePrefillBackend
     from test_runner_backend import FakeDeviceModule, FakeTP
 
-    monkeypatch.setenv(pa.ENV, "fa3")
+    monkeypatch.delenv(pa.ENV, raising=False)  # the default: FlashInfer's auto
     attn = SimpleNamespace(prefill_backend="fa2")
     runner = SimpleNamespace(device_module=FakeDeviceModule(),
                              model_runner=SimpleNamespace(tp_group=FakeTP(), attn_backend=attn),
@@ -53,5 +79,5 @@ def test_the_captured_attention_prefill_backend_applies_it_for_its_capture_sessi
     monkeypatch.setattr("sglang.sm120.runner.backend.FullCudaGraphBackend.capture_session",
                         lambda self, stream: __import__("contextlib").nullcontext())
     with backend.capture_session(None):
-        assert attn.prefill_backend == "fa3"
+        assert attn.prefill_backend == "auto"
     assert attn.prefill_backend == "fa2"

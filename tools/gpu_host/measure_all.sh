@@ -19,10 +19,11 @@
 #   runner       benchmarks/bench_runner.py, its five default configurations, saved after each  2000
 #   prefill-profile benchmarks/prefill_profile.py: GPU kernel timeline of upstream breakable vs
 #                layerwise prefill at 1024 / 4096 tokens (busy / idle, by kernel group)          600
-#   prefill-fa3  layerwise prefill with its captured attention on FlashInfer's FA3 kernels
-#                (SGLANG_SM120_LAYERWISE_PREFILL_ATTENTION=fa3): bench_runner.py's
-#                layerwise_fa3_prefill (merged into the runner step's file) and the qwen3_moe bf16
-#                correctness quick grid under it -> RESULTS/fa3/                                 1200
+#   prefill-fa2  layerwise prefill with its captured attention on upstream's FA2 plan (what SM120
+#                runs; the default, auto, takes FA3 on SM90): bench_runner.py's
+#                layerwise_fa2_prefill (merged into the runner step's file) and the qwen3_moe bf16
+#                correctness full grid under SGLANG_SM120_LAYERWISE_PREFILL_ATTENTION=fa2
+#                -> RESULTS/fa2/                                                                  1200
 #   moe-profile  bench_runner.py --profile-eager-moe: cProfile of the eager MoE steps (bs 64)     300
 #   traps        test_layerwise_traps.py, -k $TRAPS_K (default: qwen3_moe, bf16 and nvfp4)      600
 #   correctness  quick grid of test_layerwise_correctness.py, -k $CORRECTNESS_K (default: every
@@ -59,8 +60,8 @@ cd "$(dirname "$0")/../.."
 [ $# -ge 1 ] || { sed -n '2,/^set -uo/p' "$0" | sed '$d' >&2; exit 2; }
 RES=$(mkdir -p "$1" && cd "$1" && pwd); shift
 STEPS=("$@")
-[ ${#STEPS[@]} -gt 0 ] || STEPS=(lean-moe prefill-profile runner prefill-fa3 traps correctness graph-memory kernels fp4 fp4-ncu moe-profile eager-warmup)
-KNOWN="lean-moe kernels fp4 fp4-ncu graph-memory runner prefill-profile prefill-fa3 moe-profile traps correctness correctness-full eager-warmup client-ceiling serving soak serving-diag serving-soak serving-tw4"
+[ ${#STEPS[@]} -gt 0 ] || STEPS=(lean-moe prefill-profile runner prefill-fa2 traps correctness graph-memory kernels fp4 fp4-ncu moe-profile eager-warmup)
+KNOWN="lean-moe kernels fp4 fp4-ncu graph-memory runner prefill-profile prefill-fa2 moe-profile traps correctness correctness-full eager-warmup client-ceiling serving soak serving-diag serving-soak serving-tw4"
 for s in "${STEPS[@]}"; do  # all checked before the first one starts
   case " $KNOWN " in *" $s "*) ;; *) echo "measure_all.sh: unknown step $s ($KNOWN)"; exit 2 ;; esac
 done
@@ -105,12 +106,12 @@ for s in "${STEPS[@]}"; do
     prefill-profile)
       step prefill-profile 600 "$PY" benchmarks/prefill_profile.py --tag h200 --timeout 280 \
         --results-dir "$RES" --workdir "$RES/prefill-profile-work" ;;
-    prefill-fa3)
-      step prefill-fa3-bench 500 "$PY" benchmarks/bench_runner.py --tag h200 --configs layerwise_fa3_prefill \
+    prefill-fa2)
+      step prefill-fa2-bench 500 "$PY" benchmarks/bench_runner.py --tag h200 --configs layerwise_fa2_prefill \
         --timeout 480 --results-dir "$RES" --workdir "$RES/runner-work"
-      mkdir -p "$RES/fa3"
-      SGLANG_SM120_LAYERWISE_PREFILL_ATTENTION=fa3 SGLANG_SM120_GPU_QUICK=1 SGLANG_SM120_RESULTS_DIR="$RES/fa3" \
-        step prefill-fa3-correctness 700 "$PY" -m pytest -m gpu -q -p no:cacheprovider \
+      mkdir -p "$RES/fa2"
+      SGLANG_SM120_LAYERWISE_PREFILL_ATTENTION=fa2 SGLANG_SM120_RESULTS_DIR="$RES/fa2" \
+        step prefill-fa2-correctness 700 "$PY" -m pytest -m gpu -q -p no:cacheprovider \
         test/gpu/test_layerwise_correctness.py -k "qwen3_moe-bf16" ;;
     moe-profile)  # after runner: the Triton MoE kernels are compiled by then
       step moe-profile 300 "$PY" benchmarks/bench_runner.py --profile-eager-moe --timeout 280 \

@@ -7,23 +7,29 @@ kernel on SM90 instead. On the H200 (session 8, benchmarks/results/prefill-profi
 the captured attention took 1.93 / 6.89 ms of GPU time at 1024 / 4096 tokens against eager's
 1.05 / 3.19: most of layerwise prefill's gap to upstream's `breakable`.
 
-SGLANG_SM120_LAYERWISE_PREFILL_ATTENTION=fa3 builds those wrappers with FlashInfer's FA3 paged
-kernels (the same compiled module as the ragged FA3 prefill; SM90 only); `fa2` (the default)
-keeps upstream's. Only the wrappers built while layerwise prefill captures take it: eager paths
-keep their own. Not yet run on a GPU: off by default until measured (docs/runner.md 5.7).
+SGLANG_SM120_LAYERWISE_PREFILL_ATTENTION picks the kernels those wrappers plan: `auto` (the
+default since session 9) hands FlashInfer its own `auto` rule, which takes the FA3 paged kernels
+on SM90 where they support the dtypes and mask (the same compiled module as the ragged FA3
+prefill) and FA2 everywhere else, SM120 included; `fa2` keeps upstream's choice; `fa3` insists
+on FA3 and is refused off SM90. Only the wrappers built while layerwise prefill captures take
+it: eager paths keep their own. Measured on the H200 (session 9,
+benchmarks/results/runner-h200-2026-12-01-s9.md): FA3 0.989x / 1.012x `breakable` at 1024 / 4096
+tokens against FA2's 1.015x / 1.051x in the same run, and the same greedy tokens as graphs
+disabled on the short-prompt cells where FA2's split-KV plan differs (docs/runner.md 5.8).
 """
 from __future__ import annotations
 
 import contextlib
 import logging
 import os
-from typing import Iterator, Optional
+from typing import Iterator, List, Optional, Tuple
 
 logger = logging.getLogger(__name__)
 
 ENV = "SGLANG_SM120_LAYERWISE_PREFILL_ATTENTION"
-CHOICES = ("fa2", "fa3")
-DEFAULT = "fa2"
+CHOICES = ("auto", "fa2", "fa3")
+DEFAULT = "auto"
+UPSTREAM = "fa2"
 
 
 def requested() -> str:
@@ -31,25 +37,49 @@ def requested() -> str:
     if raw == "":
         return DEFAULT
     if raw not in CHOICES:
-        raise ValueError(f"{ENV}={raw!r}: expected one of {', '.join(CHOICES)} (default {DEFAULT}, upstream's)")
+        raise ValueError(f"{ENV}={raw!r}: expected one of {', '.join(CHOICES)} (default {DEFAULT}; "
+                         f"upstream's is {UPSTREAM})")
     return raw
 
 
+def _check_device(choice: str, capability: Optional[Tuple[int, int]]) -> None:
+    if choice != "fa3":
+        return
+    if capability is None:
+        import torch
+
+        capability = torch.cuda.get_device_capability()
+    if capability[0] != 9:
+        raise ValueError(f"{ENV}=fa3: FlashInfer's FA3 kernels need an SM90 GPU, this one is "
+                         f"sm_{capability[0]}{capability[1]}; use auto or fa2")
+
+
+def planned(attn_backend) -> List[str]:
+    """The kernel family each captured prefill wrapper of `attn_backend` resolved to (FlashInfer
+    resolves `auto` at its first plan)."""
+    wrappers = getattr(attn_backend, "full_cg_prefill_wrappers", None) or []
+    return sorted({str(getattr(w, "_backend", "?")) for w in wrappers})
+
+
 @contextlib.contextmanager
-def wrappers_built_with(attn_backend, choice: Optional[str] = None) -> Iterator[None]:
+def wrappers_built_with(attn_backend, choice: Optional[str] = None,
+                        capability: Optional[Tuple[int, int]] = None) -> Iterator[None]:
     """While open, FlashInfer prefill wrappers that `attn_backend` creates use `choice`
-    (default: the environment's); its own setting is put back on exit."""
+    (default: the environment's); its own setting is put back on exit. `capability` (default:
+    the current device's) is read only to refuse `fa3` off SM90."""
     choice = requested() if choice is None else choice
     current = getattr(attn_backend, "prefill_backend", None)
-    if choice == DEFAULT or current is None or current == choice:
+    if choice == UPSTREAM or current is None or current == choice:
         yield
         return
+    _check_device(choice, capability)
     attn_backend.prefill_backend = choice
-    if not getattr(attn_backend, "_sm120_prefill_attention_logged", False):
-        attn_backend._sm120_prefill_attention_logged = True
-        logger.info("layerwise prefill: captured attention planned with FlashInfer %s (%s=%s; upstream: %s)",
-                    choice, ENV, choice, current)
     try:
         yield
     finally:
         attn_backend.prefill_backend = current
+    kinds = planned(attn_backend)
+    if kinds and "auto" not in kinds and not getattr(attn_backend, "_sm120_prefill_attention_logged", False):
+        attn_backend._sm120_prefill_attention_logged = True  # one line per backend, once it has planned
+        logger.info("layerwise prefill: captured attention planned with FlashInfer %s (%s=%s; upstream: %s)",
+                    "/".join(kinds), ENV, choice, current)
