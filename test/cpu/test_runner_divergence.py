@@ -75,10 +75,16 @@ def test_compare_groups_pairs_by_group_and_request_and_labels_both():
 
 
 def test_mode_kwargs_control_and_layerwise():
-    assert C.mode_kwargs("full", "qwen3_moe") == dict(
-        cuda_graph_backend_decode="full", cuda_graph_backend_prefill="full"
-    )
-    assert "cuda_graph_backend_prefill" not in C.mode_kwargs("full", "deepseek_v2")
+    from sglang.sm120.runner.config import default_prefill_req_slots, plan_prefill
+
+    kw = C.mode_kwargs("full", "qwen3_moe")
+    assert kw["cuda_graph_backend_decode"] == "full"
+    # the control's fixed-slot prefill graphs get the plan layerwise resolves by default
+    want = plan_prefill(max_tokens=C.PREFILL_CHUNK, req_slots=default_prefill_req_slots(C.PREFILL_CHUNK, C.MAX_RUNNING))
+    assert kw["cuda_graph_config"] == {"prefill": {"backend": "full", "bs": list(want.buckets),
+                                                   "max_bs": max(want.buckets), "full_prefill_max_req": want.req_slots}}
+    assert want.req_slots > 17  # upstream's own default (8192 // 512 = 16) ran bs 17 eagerly
+    assert C.mode_kwargs("full", "deepseek_v2") == dict(cuda_graph_backend_decode="full")  # MLA: upstream's prefill
     assert C.mode_kwargs("every_size", "qwen3_moe")["cuda_graph_layerwise_every_size"] is True
     assert C.mode_kwargs("disabled", "x")["cuda_graph_backend_decode"] == "disabled"
 
@@ -110,3 +116,4 @@ def test_exact_reference_keeps_the_per_prompt_control_rule():
     assert len(bad) == 1 and "control lacks: ['z']" in bad[0]
     assert C.divergence_failures("full", _cell(600, 100, 32), None, noise, "bf16")  # 13.7% flips > 10%
     assert C.divergence_failures("layerwise", _cell(732, 0, 0, delta=1.5), control, noise, "bf16")
+

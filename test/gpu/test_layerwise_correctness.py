@@ -4,7 +4,8 @@ For each tiny model one reference engine (graphs disabled) runs the request grid
 second pass is the run-to-run noise floor: batch composition and timing differ), then one engine
 per mode runs it once:
   full        upstream full graphs, layerwise off (control: decode full; prefill 'full' where
-              layerwise prefill applies (qwen3_moe), upstream's default otherwise)
+              layerwise prefill applies (qwen3_moe), given layerwise's buckets and request
+              slots so both capture the same batches; upstream's default otherwise)
   layerwise   layerwise default: upstream full decode graphs up to the ceiling, layerwise above
   every_size  layerwise at every decode size
 Requests come in groups that run as one batch (batch sizes x prompt lengths, >= 32 prompts per
@@ -64,6 +65,8 @@ BATCH_SIZES = [1, 17, 300] if QUICK else [1, 3, 17, 64, 300, 1024]
 PROMPT_LENS = [7, 2000] if QUICK else [7, 128, 2000]
 MIN_PROMPTS = 32
 NEW_TOKENS = 12
+MAX_RUNNING = 1024
+PREFILL_CHUNK = 8192  # the H200's default chunked prefill size, pinned for every engine (control_prefill_plan)
 TOP_LOGPROBS = 5
 NEAR_TIE_EPS = {"bf16": 0.25, "nvfp4": 0.5}  # nats, see the module docstring
 MAX_FLIP_FRACTION = 0.10  # of all prompts of one mode (first H200 run: 71/732 diverged)
@@ -81,6 +84,17 @@ CAPTURE_TAG = "SM120_LAYERWISE_CAPTURE"
 DYNAMO_FREE_ENV = "SGLANG_SM120_DYNAMO_FREE"
 
 
+def control_prefill_plan():
+    """(token buckets, request slots) layerwise prefill captures by default at PREFILL_CHUNK, which
+    the `full` control's fixed-slot prefill graphs are given too: with upstream's own default
+    (chunk // 512 = 16 slots) a 17-request batch ran eagerly under the control but captured under
+    layerwise, so the control could not show what upstream's captured prefill attention does to
+    those prompts (session 9, docs/runner.md 5.8)."""
+    from sglang.sm120.runner.sizes import default_prefill_req_slots, prefill_buckets
+
+    return prefill_buckets(PREFILL_CHUNK), default_prefill_req_slots(PREFILL_CHUNK, MAX_RUNNING)
+
+
 def mode_kwargs(mode: str, arch: str) -> dict:
     if mode == "disabled":
         return dict(cuda_graph_backend_decode="disabled", cuda_graph_backend_prefill="disabled")
@@ -89,7 +103,9 @@ def mode_kwargs(mode: str, arch: str) -> dict:
         # upstream's default prefill under layerwise too (docs/runner.md 3.1).
         kw = dict(cuda_graph_backend_decode="full")
         if arch == "qwen3_moe":
-            kw["cuda_graph_backend_prefill"] = "full"
+            buckets, slots = control_prefill_plan()
+            kw["cuda_graph_config"] = {"prefill": {"backend": "full", "bs": buckets, "max_bs": max(buckets),
+                                                   "full_prefill_max_req": slots}}
         return kw
     kw = dict(cuda_graph_backend_decode="layerwise", cuda_graph_backend_prefill="layerwise")
     if mode == "every_size":
@@ -283,7 +299,8 @@ def run_engine(model_dir: Path, mode: str, arch: str, groups, trap_log: Path, pa
         model_path=str(model_dir),
         attention_backend="flashinfer",
         sampling_backend="flashinfer",
-        max_running_requests=1024,
+        max_running_requests=MAX_RUNNING,
+        chunked_prefill_size=PREFILL_CHUNK,
         mem_fraction_static=0.7,
         disable_radix_cache=True,
         random_seed=0,
@@ -405,6 +422,8 @@ def test_greedy_tokens_match_graphs_disabled(arch, quant, mode, tiny_root, tmp_p
         assert (1 in dec["full"]) or not dec["moe_capturable"], dec
     if arch == "qwen3_moe":  # MLA (deepseek_v2) keeps upstream's prefill (see docs/runner.md)
         assert "prefill" in reports and reports["prefill"]["layerwise"], reports
+        # the control captured the same prefill buckets (with the same slots: control_prefill_plan)
+        assert reports["prefill"]["layerwise"] == control_prefill_plan()[0], reports["prefill"]
     eager_decode = [ln for ln in err.splitlines() if "layerwise decode: size" in ln and "runs eagerly" in ln]
     assert not eager_decode, eager_decode[:5]
     hits = trap_log.read_text().splitlines() if trap_log.exists() else []
