@@ -227,9 +227,11 @@ def bench_shape(name, n, k, ms, l2, copy_bw, floor_us, marlin, reps, log):
         # split-K reduced in a thread-block cluster (where the plan has 2..8 splits), PDL on
         r["ours_cluster_pdl_us"] = time_ops([lambda p=p: K.gemm_w4a16(x, p, pdl=True, cluster=True) for p in pws], reps)
         r["cluster_plan"] = K.w4a16_plan(m, n, k, sms, cluster=True)["cluster"]
-        # the 2026-12-01 sweep (4 shapes) favoured fewer splits than the default 2x SMs: every row
-        # times the smaller targets too, so the default can be chosen from the whole table
-        r["split_target_pdl_us"], r["split_target_splits"] = {}, {"2x": K.w4a16_plan(m, n, k, sms)["splits"]}
+        # every row times fixed targets beside the default (csrc/kernels.h's rule, fitted on
+        # session 7's table of these columns), so the rule is judged on the whole table
+        default_plan = K.w4a16_plan(m, n, k, sms)
+        r["default_split_target"] = default_plan["split_target"]
+        r["split_target_pdl_us"], r["split_target_splits"] = {}, {"default": default_plan["splits"]}
         for label, target in ROW_SPLIT_TARGETS:
             t = max(1, target(sms))
             r["split_target_splits"][label] = K.w4a16_plan(m, n, k, sms, split_target=t)["splits"]
@@ -314,17 +316,18 @@ def add_floor_bounds(r, floor_us, copy_bw):
 
 
 # Split-K targets swept: "none" (target 1: one CTA per output tile, no reduction pass) up to 8
-# CTAs per SM; the default is 2 per SM.
+# CTAs per SM; the default (split_target 0) is csrc/kernels.h's rule (2x for weights >= 8 MB,
+# else 1x at M <= 16 and 0.5x above).
 SPLIT_TARGET_OF = {"none": lambda sms: 1, "0.25x": lambda sms: sms // 4, "0.5x": lambda sms: sms // 2,
                    "1x": lambda sms: sms, "2x": lambda sms: 2 * sms, "4x": lambda sms: 4 * sms,
                    "8x": lambda sms: 8 * sms}
 SPLIT_TARGETS = tuple((k, SPLIT_TARGET_OF[k]) for k in ("none", "0.5x", "1x", "2x", "4x", "8x"))
-# timed on every row beside the default (2x SMs), PDL launch
-ROW_SPLIT_TARGETS = tuple((k, SPLIT_TARGET_OF[k]) for k in ("0.25x", "0.5x", "1x"))
+# timed on every row beside the default, PDL launch (2x: the default before session 9)
+ROW_SPLIT_TARGETS = tuple((k, SPLIT_TARGET_OF[k]) for k in ("0.25x", "0.5x", "1x", "2x"))
 
 
 def tune_splits(sms, reps, log):
-    """How the split-K target moves small-M times (informs the default of 2 CTAs per SM), for the
+    """How the split-K target moves small-M times (informs the default split target), for the
     plain and the PDL launch."""
     out = []
     for name, n, k in [("glm5 o_proj tp8", 6144, 2048), ("qwen3-30b qkv tp1", 5120, 2048),
@@ -402,12 +405,12 @@ def summarize(rows, marlin_reason):
         "pdl_speedup_vs_bf16_m_1_to_8_geomean": geo(pick(le8, "speedup_vs_bf16_pdl")),
         "pdl_cluster_speedup_vs_bf16_m_1_to_8_geomean": geo(pick(le8, "speedup_vs_bf16_cluster_pdl")),
     }
-    # < 1: that split target beats the default (2x SMs); per M range, geomean over the shapes
+    # < 1: that split target beats the default; per M range, geomean over the shapes
     for label, _ in ROW_SPLIT_TARGETS:
         for lo, hi in ((1, 8), (16, 16), (32, 128)):
             ratios = [r["split_target_pdl_us"][label] / r["ours_pdl_us"] for r in rows
                       if lo <= r["M"] <= hi and r.get("split_target_pdl_us", {}).get(label)]
-            extra[f"pdl_split_target_{label}_vs_2x_time_m{lo}_{hi}_geomean"] = geo(ratios)
+            extra[f"pdl_split_target_{label}_vs_default_time_m{lo}_{hi}_geomean"] = geo(ratios)
     return targets, extra
 
 
@@ -443,11 +446,12 @@ def write_md(path, meta, rows, targets, extra, est, tuning):
           "dependent launch, whose weight prefetch overlaps the previous call's tail in this back-to-back chain; "
           "`PDL+cluster` also reduces split-K in a thread-block cluster (plans of 2..8 splits).",
           "",
-          "`split a/b/c` = PDL us with split targets 0.25x / 0.5x / 1x SMs (the default is 2x, `ours PDL`). "
+          "`split a/b/c/d` = PDL us with split targets 0.25x / 0.5x / 1x / 2x SMs (`ours PDL` is the default: "
+          "2x for weights >= 8 MB, else 1x at M <= 16 and 0.5x above; before session 9 it was 2x). "
           f"`{other_warps()} warps` = the same kernel with {other_warps()} warps per 128-row CTA (default "
           f"{K.WARPS_DEFAULT}; the same bits): plain / PDL / PDL at the 0.5x split.",
           "",
-          f"| shape | N | K | M | ours us | BW % | at floor us | ours PDL us | split 0.25x/0.5x/1x | {other_warps()} warps | PDL+cluster us | bf16 us | x bf16 | Marlin us | x Marlin | W4A4 us |",
+          f"| shape | N | K | M | ours us | BW % | at floor us | ours PDL us | split 0.25x/0.5x/1x/2x | {other_warps()} warps | PDL+cluster us | bf16 us | x bf16 | Marlin us | x Marlin | W4A4 us |",
           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         sweep = "/".join(f"{r['split_target_pdl_us'][lb]:.2f}" for lb, _ in ROW_SPLIT_TARGETS
@@ -528,6 +532,8 @@ def main():
     tuning = [] if (args.no_tune or args.quick or over_budget) else tune_splits(props.multi_processor_count, meta["reps"], log)
     targets, extra = summarize(rows, marlin_reason)
     meta["w4a16_warps_default"] = K.WARPS_DEFAULT
+    meta["w4a16_default_split_target"] = ("2x SMs for weights >= 8 MB (packed + scales), else 1x SMs at M <= 16 "
+                                          "and 0.5x above (csrc/kernels.h, since session 9; 2x SMs before)")
     targets_other, _ = summarize(rows_with_warps(rows, other_warps()), marlin_reason)
     extra[f"targets_with_{other_warps()}_warps"] = {k: v["value"] for k, v in targets_other.items()}
     extra[f"time_{other_warps()}w_vs_{K.WARPS_DEFAULT}w_geomean"] = {

@@ -94,13 +94,13 @@ const char* sm120_last_error() { return g_error; }
 
 // 2: sm120_w4a16_workspace_layout, fixed ticket region; 3: sm120_gemm_w4a16 takes `pdl`;
 // 4: `flags` (kW4A16Pdl | kW4A16ClusterReduce) for the W4A16 GEMM and its plan, plan out[5];
-// 5: flag kW4A16EightWarps
-int sm120_abi_version() { return 5; }
+// 5: flag kW4A16EightWarps; 6: plan out[6] = split target (the default is no longer 2 per SM)
+int sm120_abi_version() { return 6; }
 
 const char* sm120_build_archs() { return SM120_BUILD_ARCHS; }
 
 // Split plan of the W4A16 GEMM;
-// out = {m_tiles, m_blocks, n_ctas, splits, chunks_per_split, cluster-reduced (0/1)}.
+// out = {m_tiles, m_blocks, n_ctas, splits, chunks_per_split, cluster-reduced (0/1), split target}.
 // Host-only (no device needed): *workspace_needed receives the bytes the plan uses.
 int sm120_w4a16_plan(int M, int N, int K, int sm_count, size_t workspace_bytes, int split_target,
                      int flags, int* out, size_t* workspace_needed) {
@@ -116,6 +116,7 @@ int sm120_w4a16_plan(int M, int N, int K, int sm_count, size_t workspace_bytes, 
   out[3] = p.splits;
   out[4] = p.chunks_per_split;
   out[5] = p.cluster ? 1 : 0;
+  out[6] = p.split_target;
   if (workspace_needed) *workspace_needed = p.workspace_bytes;
   return kOk;
 }
@@ -159,7 +160,7 @@ int sm120_quantize_nvfp4(int device, const void* x, const void* global_scale, vo
 // y bf16 [M,N] = x bf16 [M,K] . dequant(W)^T * weight_scale_2 (+ bias bf16 [N]).
 // qweight: packed tiles (layout.py), scales: 128x4 swizzled [round_up(N,128), round_up(K/16,4)].
 // workspace: zero-initialised device memory reused across calls on ONE stream (split-K tickets are
-// left at zero by every launch). split_target <= 0 picks 2 CTAs per SM. flags: kW4A16Pdl (1)
+// left at zero by every launch). split_target <= 0 picks default_split_target_w4a16's. flags: kW4A16Pdl (1)
 // launches it as a programmatic dependent launch (its weight prefetch may overlap the previous
 // kernel's tail); kW4A16ClusterReduce (2) reduces up to 8 splits inside a thread-block cluster;
 // kW4A16EightWarps (4) runs 8 warps per CTA (one 16-row tile each) instead of 4 (two each).

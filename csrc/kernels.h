@@ -65,6 +65,7 @@ struct W4A16Plan {
   size_t partial_offset;   // where the fp32 partial tiles start (== kW4A16TicketRegionBytes)
   size_t partial_tile_bytes;  // bytes of one (tile, split) partial slot
   bool cluster;               // split-K reduced inside a thread-block cluster (no workspace)
+  int split_target;           // CTAs aimed for: the caller's, or default_split_target_w4a16's
 };
 // Flags of sm120_gemm_w4a16 / sm120_w4a16_plan.
 // kW4A16EightWarps: 8 warps x 1 row tile per 128-row CTA instead of 4 x 2 (same bits).
@@ -82,6 +83,13 @@ constexpr int kW4A16MaxClusterSplits = 8;
 // (they would start at garbage counts and the tile would never be reduced).
 constexpr size_t kW4A16TicketRegionBytes = 256u << 10;
 constexpr int64_t kW4A16MaxTicketTiles = kW4A16TicketRegionBytes / sizeof(int);
+// The split-K target (CTAs to aim for) when the caller gives none. Fitted on the H200 (session 7
+// table: 22 shapes x M 1..128, PDL launches, targets 0.25x..2x SMs timed on every row): a weight
+// of >= 8 MB (packed FP4 + scales) needs 2 CTAs per SM in flight to stream; a smaller one loses
+// more to the split-K hand-off and reduction than extra CTAs give it, so 1 per SM at M <= 16 and 1
+// per 2 SMs above (where M > 64 already multiplies the CTAs by its token blocks).
+constexpr int64_t kW4A16LargeWeightBytes = 8000000;
+int64_t default_split_target_w4a16(int M, int N, int K, int sm_count);
 // cluster: reduce the splits of a tile inside one thread-block cluster where they fit in one.
 W4A16Plan plan_w4a16(int M, int N, int K, int sm_count, size_t workspace_bytes, int split_target,
                      bool cluster);

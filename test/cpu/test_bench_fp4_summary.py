@@ -58,10 +58,10 @@ def test_split_sweep_summary_is_a_geomean_per_m_range(bench):
                  sweep={"0.25x": 4.0, "0.5x": 8.0, "1x": 16.0}) for m in (1, 2)]
     rows.append(_row(bench, 5120, 2048, 64, ours=8.0, bf16=9.0, marlin=10.0, sweep={"0.5x": 4.0}))
     _, extra = bench.summarize(rows, None)
-    assert extra["pdl_split_target_0.25x_vs_2x_time_m1_8_geomean"] == pytest.approx(0.5)
-    assert extra["pdl_split_target_1x_vs_2x_time_m1_8_geomean"] == pytest.approx(2.0)
-    assert extra["pdl_split_target_0.5x_vs_2x_time_m32_128_geomean"] == pytest.approx(0.5)
-    assert extra["pdl_split_target_0.25x_vs_2x_time_m16_16_geomean"] is None
+    assert extra["pdl_split_target_0.25x_vs_default_time_m1_8_geomean"] == pytest.approx(0.5)
+    assert extra["pdl_split_target_1x_vs_default_time_m1_8_geomean"] == pytest.approx(2.0)
+    assert extra["pdl_split_target_0.5x_vs_default_time_m32_128_geomean"] == pytest.approx(0.5)
+    assert extra["pdl_split_target_0.25x_vs_default_time_m16_16_geomean"] is None
 
 
 def test_targets_with_the_other_warp_count_read_its_columns(bench):

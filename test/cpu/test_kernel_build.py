@@ -168,7 +168,7 @@ def test_library_loads_without_gpu(built):
     code = (
         "import ctypes; lib = ctypes.CDLL(%r);"
         "lib.sm120_build_archs.restype = ctypes.c_char_p;"
-        "out = (ctypes.c_int * 6)(); need = ctypes.c_size_t(0);"
+        "out = (ctypes.c_int * 7)(); need = ctypes.c_size_t(0);"
         "rc = lib.sm120_w4a16_plan(1, 6144, 2048, 132, ctypes.c_size_t(1 << 24), 0, 0, out, ctypes.byref(need));"
         "print(lib.sm120_abi_version(), lib.sm120_build_archs().decode(), rc, list(out))"
     ) % str(out / kb.LIBRARY_NAME)
@@ -176,8 +176,9 @@ def test_library_loads_without_gpu(built):
     assert proc.returncode == 0, proc.stderr
     abi, archs, rc, plan = proc.stdout.split(" ", 3)
     assert (abi, archs, rc) == (str(_lib_abi_version()), "sm_90a,sm_120a", "0")
-    m_tiles, m_blocks, n_ctas, splits, _, cluster = eval(plan)
-    assert (m_tiles, m_blocks, n_ctas, cluster) == (1, 1, 48, 0) and n_ctas * splits >= 2 * 132
+    m_tiles, m_blocks, n_ctas, splits, _, cluster, target = eval(plan)
+    # 6144 x 2048 is a 7 MB weight: below the 8 MB line, M = 1 aims for 1 CTA per SM
+    assert (m_tiles, m_blocks, n_ctas, cluster, target) == (1, 1, 48, 0, 132) and n_ctas * splits >= 132
 
 
 def test_bad_arch_and_compile_error_are_one_line(tmp_path):
@@ -212,11 +213,11 @@ def _plan_fn(lib_path):
     size_t = ctypes.c_size_t
 
     def plan(m, n, k, sms, split_target=0, flags=0):
-        out, need, lay = (ctypes.c_int * 6)(), size_t(0), (size_t * 4)()
+        out, need, lay = (ctypes.c_int * 7)(), size_t(0), (size_t * 4)()
         assert lib.sm120_w4a16_plan(m, n, k, sms, size_t(WORKSPACE), split_target, flags, out,
                                     ctypes.byref(need)) == 0
         assert lib.sm120_w4a16_workspace_layout(m, n, k, sms, size_t(WORKSPACE), split_target, flags, lay) == 0
-        keys = ("m_tiles", "m_blocks", "n_ctas", "splits", "chunks_per_split", "cluster")
+        keys = ("m_tiles", "m_blocks", "n_ctas", "splits", "chunks_per_split", "cluster", "split_target")
         return dict(zip(keys, out), workspace_bytes=need.value, ticket_region_bytes=lay[0],
                     partial_offset=lay[1], partial_tile_bytes=lay[2])
     plan.lib = lib
@@ -281,6 +282,24 @@ def test_w4a16_plan_and_workspace_model_over_successive_calls(built, sms):
 
 
 @pytest.mark.parametrize("sms", [132, 188])
+def test_w4a16_default_split_target_follows_the_weight_size_and_m(built, sms):
+    _, out, _ = built
+    plan = _plan_fn(out / kb.LIBRARY_NAME)
+    seen = set()
+    for n, k in GEMM_SHAPES:
+        large = n * k // 2 + n * k // 16 >= 8_000_000  # packed e2m1 + e4m3 scales
+        for m in GEMM_MS:
+            want = 2 * sms if large else sms if m <= 16 else sms // 2
+            p = plan(m, n, k, sms)
+            assert p["split_target"] == want, (m, n, k, p)
+            explicit = plan(m, n, k, sms, split_target=want)
+            assert p == explicit, (m, n, k)  # the default is exactly that target's plan
+            seen.add(want // sms if want >= sms else -1)
+    assert seen == {2, 1, -1}  # every branch of the rule is exercised by the test shapes
+    assert plan(1, 6144, 16384, sms)["splits"] > plan(1, 6144, 2048, sms)["splits"]  # 56 MB vs 7 MB
+
+
+@pytest.mark.parametrize("sms", [132, 188])
 def test_w4a16_cluster_plans_keep_the_split_and_need_no_workspace(built, sms):
     _, out, _ = built
     plan = _plan_fn(out / kb.LIBRARY_NAME)
@@ -307,7 +326,7 @@ def test_w4a16_unknown_flags_are_refused(built):
     plan = _plan_fn(out / kb.LIBRARY_NAME)
     lib = plan.lib
     lib.sm120_last_error.restype = ctypes.c_char_p
-    o, need = (ctypes.c_int * 6)(), ctypes.c_size_t(0)
+    o, need = (ctypes.c_int * 7)(), ctypes.c_size_t(0)
     assert lib.sm120_w4a16_plan(1, 512, 512, 132, ctypes.c_size_t(WORKSPACE), 0, 8, o, ctypes.byref(need)) != 0
     assert b"unknown flags 0x8" in lib.sm120_last_error()
     # 1 | 2 | 4 (PDL, cluster reduce, eight warps) are known

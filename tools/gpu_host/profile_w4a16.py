@@ -57,7 +57,7 @@ def main():
         kw = {"pdl": False, "warps": warps, **({"split_target": target} if target else {})}
         ops.append(lambda x=x, pw=pw, kw=kw: K.gemm_w4a16(x, pw, **kw))
         order.append({"kernel": "gemm_w4a16", "case": name, "N": n, "K": k, "M": m, "warps": warps,
-                      "split_target": target or "default (2x SMs)", "plan": plan})
+                      "split_target": target or "default (csrc/kernels.h rule)", "plan": plan})
     for name, n, k, m in BF16_CASES:
         w = torch.randn(n, k, device="cuda").to(torch.bfloat16)
         x = torch.randn(m, k, device="cuda").to(torch.bfloat16)

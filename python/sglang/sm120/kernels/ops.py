@@ -199,7 +199,8 @@ def gemm_w4a16(x: torch.Tensor, weight: PackedWeight, *, bias: Optional[torch.Te
     """y bf16 [M, N] = x bf16 [M, K] . dequant(weight)^T (+ bias), fp32 accumulation.
 
     workspace_buf: optional zero-initialised uint8 CUDA buffer owned by the caller's stream
-    (default: a cached one per device and stream). split_target: CTAs to aim for (0 = 2 per SM).
+    (default: a cached one per device and stream). split_target: CTAs to aim for (0 = the default: 2 per SM
+    for weights of >= 8 MB, else 1 per SM at M <= 16 and 1 per 2 SMs above; csrc/kernels.h).
     pdl: programmatic dependent launch (None: $SGLANG_SM120_PDL, default on).
     cluster: reduce up to 8 splits inside a thread-block cluster (None:
     $SGLANG_SM120_W4A16_CLUSTER, default off); more splits still go through the workspace.
@@ -331,7 +332,7 @@ def w4a16_plan(m: int, n: int, k: int, sm_count: int, workspace_bytes: int = _WO
     workspace)."""
     lib = _lib.load()
     flags = _FLAG_CLUSTER if cluster else 0
-    out = (ctypes.c_int * 6)()
+    out = (ctypes.c_int * 7)()
     need = ctypes.c_size_t(0)
     _lib.check(lib.sm120_w4a16_plan(m, n, k, sm_count, workspace_bytes, split_target, flags, out,
                                     ctypes.byref(need)), "w4a16_plan")
@@ -339,5 +340,6 @@ def w4a16_plan(m: int, n: int, k: int, sm_count: int, workspace_bytes: int = _WO
     _lib.check(lib.sm120_w4a16_workspace_layout(m, n, k, sm_count, workspace_bytes, split_target, flags, lay),
                "w4a16_workspace_layout")
     return {"m_tiles": out[0], "m_blocks": out[1], "n_ctas": out[2], "splits": out[3],
-            "chunks_per_split": out[4], "cluster": bool(out[5]), "workspace_bytes": need.value,
+            "chunks_per_split": out[4], "cluster": bool(out[5]), "split_target": out[6],
+            "workspace_bytes": need.value,
             "ticket_region_bytes": lay[0], "partial_offset": lay[1], "partial_tile_bytes": lay[2]}
