@@ -350,7 +350,8 @@ cudaError_t launch_w4a16_warps(int m_tiles, dim3 grid, cudaStream_t stream, bool
 
 }  // namespace
 
-int64_t default_split_target_w4a16(int M, int N, int K, int sm_count) {
+int64_t default_split_target_w4a16(int M, int N, int K, int sm_count, int64_t tiles) {
+  if (4 * tiles >= 3 * (int64_t)sm_count) return tiles;  // one split
   const int64_t weight_bytes = (int64_t)N * K / 2 + (int64_t)N * K / 16;  // e2m1 + e4m3 scales
   if (weight_bytes >= kW4A16LargeWeightBytes) return 2 * (int64_t)sm_count;
   const int64_t target = M <= 16 ? sm_count : sm_count / 2;
@@ -365,7 +366,7 @@ W4A16Plan plan_w4a16(int M, int N, int K, int sm_count, size_t workspace_bytes, 
   plan.n_ctas = round_up(N, kGroupRows) / kGroupRows;
   const int n_chunks = ceil_div(K, kChunkK);
   const int64_t base = (int64_t)plan.n_ctas * plan.m_blocks;
-  const int64_t target = split_target > 0 ? split_target : default_split_target_w4a16(M, N, K, sm_count);
+  const int64_t target = split_target > 0 ? split_target : default_split_target_w4a16(M, N, K, sm_count, base);
   plan.split_target = target > INT32_MAX ? INT32_MAX : (int)target;
   int64_t splits = base >= target ? 1 : (target + base - 1) / base;
   const int max_splits = n_chunks / 2 > 1 ? n_chunks / 2 : 1;  // >= 128 K per split

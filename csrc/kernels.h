@@ -84,12 +84,13 @@ constexpr int kW4A16MaxClusterSplits = 8;
 constexpr size_t kW4A16TicketRegionBytes = 256u << 10;
 constexpr int64_t kW4A16MaxTicketTiles = kW4A16TicketRegionBytes / sizeof(int);
 // The split-K target (CTAs to aim for) when the caller gives none. Fitted on the H200 (session 7
-// table: 22 shapes x M 1..128, PDL launches, targets 0.25x..2x SMs timed on every row): a weight
-// of >= 8 MB (packed FP4 + scales) needs 2 CTAs per SM in flight to stream; a smaller one loses
-// more to the split-K hand-off and reduction than extra CTAs give it, so 1 per SM at M <= 16 and 1
-// per 2 SMs above (where M > 64 already multiplies the CTAs by its token blocks).
+// table: 22 shapes x M 1..128, PDL launches, targets 0.25x..2x SMs timed on every row): output
+// tiles (`tiles`, 128 rows x one token block each) that already fill 3/4 of the SMs do not split
+// (a split's hand-off costs more than the extra CTAs give); otherwise a weight of >= 8 MB (packed
+// FP4 + scales) needs 2 CTAs per SM in flight to stream, and a smaller one 1 per SM at M <= 16 and
+// 1 per 2 SMs above (where M > 64 already multiplies the tiles by its token blocks).
 constexpr int64_t kW4A16LargeWeightBytes = 8000000;
-int64_t default_split_target_w4a16(int M, int N, int K, int sm_count);
+int64_t default_split_target_w4a16(int M, int N, int K, int sm_count, int64_t tiles);
 // cluster: reduce the splits of a tile inside one thread-block cluster where they fit in one.
 W4A16Plan plan_w4a16(int M, int N, int K, int sm_count, size_t workspace_bytes, int split_target,
                      bool cluster);

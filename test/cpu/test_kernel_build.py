@@ -282,20 +282,23 @@ def test_w4a16_plan_and_workspace_model_over_successive_calls(built, sms):
 
 
 @pytest.mark.parametrize("sms", [132, 188])
-def test_w4a16_default_split_target_follows_the_weight_size_and_m(built, sms):
+def test_w4a16_default_split_target_follows_the_tiles_the_weight_size_and_m(built, sms):
     _, out, _ = built
     plan = _plan_fn(out / kb.LIBRARY_NAME)
     seen = set()
     for n, k in GEMM_SHAPES:
         large = n * k // 2 + n * k // 16 >= 8_000_000  # packed e2m1 + e4m3 scales
         for m in GEMM_MS:
-            want = 2 * sms if large else sms if m <= 16 else sms // 2
             p = plan(m, n, k, sms)
+            tiles = p["n_ctas"] * p["m_blocks"]
+            want = tiles if 4 * tiles >= 3 * sms else 2 * sms if large else sms if m <= 16 else sms // 2
             assert p["split_target"] == want, (m, n, k, p)
             explicit = plan(m, n, k, sms, split_target=want)
             assert p == explicit, (m, n, k)  # the default is exactly that target's plan
-            seen.add(want // sms if want >= sms else -1)
-    assert seen == {2, 1, -1}  # every branch of the rule is exercised by the test shapes
+            seen.add("tiles" if want == tiles else want // sms if want >= sms else -1)
+            if want == tiles:
+                assert p["splits"] == 1, (m, n, k, p)
+    assert seen == {"tiles", 2, 1, -1}  # every branch of the rule is exercised by the test shapes
     assert plan(1, 6144, 16384, sms)["splits"] > plan(1, 6144, 2048, sms)["splits"]  # 56 MB vs 7 MB
 
 
