@@ -16,7 +16,8 @@ def run(tmp_path, *steps, fail=""):
                     'case "$*" in *"$FAIL"*) [ -n "$FAIL" ] && { echo "1 failed"; exit 1; } ;; esac\n'
                     'echo "1 passed"\n')
     fake.chmod(0o755)
-    env = dict(os.environ, PYTHON=str(fake), NCU=str(fake), CALLS=str(tmp_path / "calls"), FAIL=fail)
+    env = dict(os.environ, PYTHON=str(fake), NCU=str(fake), CALLS=str(tmp_path / "calls"), FAIL=fail,
+               CORRECTNESS_FULL_STAGGER_S="0")
     proc = subprocess.run(["bash", str(SCRIPT), str(tmp_path / "res"), *steps], env=env,
                           capture_output=True, text=True, timeout=60)
     calls = (tmp_path / "calls").read_text().splitlines() if (tmp_path / "calls").exists() else []
@@ -46,13 +47,13 @@ def test_serving_steps_run_only_when_named(tmp_path):
     default = tmp_path / "default"
     default.mkdir()
     proc, calls = run(default)  # no steps named: the default list, without the serving session
-    # 12 steps; `kernels` runs kernels_check.sh (build, smoke, pytest: 3 calls), prefill-fa2 two
-    assert proc.returncode == 0 and len(calls) == 15
-    # the lean MoE's own check first (everything after it uses the lean default), then the runner's
-    assert calls[0].startswith("-m pytest") and "test_lean_moe.py" in calls[0]
-    assert [c.split()[0] for c in calls[1:4]] == ["benchmarks/prefill_profile.py", "benchmarks/bench_runner.py",
-                                                 "benchmarks/bench_runner.py"]
-    assert "--configs layerwise_fa2_prefill" in calls[3]
+    # 13 steps; correctness-full runs four processes, `kernels` kernels_check.sh (build, smoke,
+    # pytest: 3 calls), prefill-fa2 two
+    assert proc.returncode == 0 and len(calls) == 19
+    # the whole correctness grid first (what #4 still has to show), then SM120's prefill plan, the runner
+    assert all("test_layerwise_correctness.py" in c and "--basetemp" in c for c in calls[:4])
+    assert calls[4].startswith("benchmarks/bench_runner.py") and "--configs layerwise_fa2_prefill" in calls[4]
+    assert "test_layerwise_correctness.py" in calls[5] and calls[6].startswith("benchmarks/bench_runner.py")
     assert not {c.split()[0] for c in calls} & {"benchmarks/bench_serving_matrix.py", "benchmarks/soak.py"}
 
 

@@ -60,7 +60,7 @@ cd "$(dirname "$0")/../.."
 [ $# -ge 1 ] || { sed -n '2,/^set -uo/p' "$0" | sed '$d' >&2; exit 2; }
 RES=$(mkdir -p "$1" && cd "$1" && pwd); shift
 STEPS=("$@")
-[ ${#STEPS[@]} -gt 0 ] || STEPS=(lean-moe prefill-profile runner prefill-fa2 traps correctness graph-memory kernels fp4 fp4-ncu moe-profile eager-warmup)
+[ ${#STEPS[@]} -gt 0 ] || STEPS=(correctness-full prefill-fa2 runner traps kernels fp4 lean-moe prefill-profile correctness graph-memory fp4-ncu moe-profile eager-warmup)
 KNOWN="lean-moe kernels fp4 fp4-ncu graph-memory runner prefill-profile prefill-fa2 moe-profile traps correctness correctness-full eager-warmup client-ceiling serving soak serving-diag serving-soak serving-tw4"
 for s in "${STEPS[@]}"; do  # all checked before the first one starts
   case " $KNOWN " in *" $s "*) ;; *) echo "measure_all.sh: unknown step $s ($KNOWN)"; exit 2 ;; esac
