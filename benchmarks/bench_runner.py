@@ -23,7 +23,9 @@ and, when named with --configs, the first two layerwise ones on upstream's eager
 (SGLANG_SM120_LEAN_MOE=0): layerwise_upstream_moe, layerwise_every_size_upstream_moe; and
 layerwise_fa2_prefill, layerwise with its captured prefill attention on upstream's FA2 plan
 (SGLANG_SM120_LAYERWISE_PREFILL_ATTENTION=fa2, runner/prefill_attention.py; what SM120 runs, where
-FlashInfer has no FA3; the other layerwise configurations run the default, `auto`: FA3 on SM90).
+FlashInfer has no FA3; the other layerwise configurations run the default, `auto`: FA3 on SM90);
+layerwise_zero_copy, layerwise with its lean MoE steps reading the segments' tensors in place
+(SGLANG_SM120_LAYERWISE_ZERO_COPY=1, runner/zero_copy.py).
 
 Decode step latency at bs {1, 8, 64, 256, 512, 1024}; prefill latency at 128/1024/4096 tokens
 (bs 1/8/32 x 128); capture time and graph memory from the capture logs; host time per eager MoE
@@ -109,6 +111,7 @@ UPSTREAM_MOE_OF = {"layerwise_upstream_moe": "layerwise", "layerwise_every_size_
 DEFAULT_CONFIGS = list(CONFIGS)
 CONFIGS.update({name: CONFIGS[of] for name, of in UPSTREAM_MOE_OF.items()})
 CONFIGS["layerwise_fa2_prefill"] = CONFIGS["layerwise"]
+CONFIGS["layerwise_zero_copy"] = CONFIGS["layerwise"]
 # environment a configuration adds to its one_batch process: every layerwise configuration names
 # its eager MoE path and its captured prefill attention, so a row means the same whatever the default
 _UPSTREAM_MOE, _LEAN_MOE = {"SGLANG_SM120_LEAN_MOE": "0"}, {"SGLANG_SM120_LEAN_MOE": "1"}
@@ -118,6 +121,7 @@ CONFIG_ENV: Dict[str, Dict[str, str]] = {
                **{_PREFILL_ATTENTION: "fa2" if name == "layerwise_fa2_prefill" else "auto"})
     for name in CONFIGS if name.startswith("layerwise")
 }
+CONFIG_ENV["layerwise_zero_copy"]["SGLANG_SM120_LAYERWISE_ZERO_COPY"] = "1"
 CAPTURE_RE = re.compile(
     r"Capture (?:target )?(prefill|decode) CUDA graph end\. elapsed=([\d.]+) s, mem usage=([\d.]+) GB"
 )
@@ -322,7 +326,8 @@ def compute_targets(runs: Dict[str, dict]) -> Dict[str, dict]:
                         what="layerwise's {n} layerwise sizes ({first}-{last}), graph-pool growth + memory "
                              "outside the allocator per size")
     _vs_upstream(t, runs, (("layerwise", "prefill"), ("layerwise_upstream_moe", "prefill_upstream_moe"),
-                           ("layerwise_fa2_prefill", "prefill_fa2")),
+                           ("layerwise_fa2_prefill", "prefill_fa2"),
+                           ("layerwise_zero_copy", "prefill_zero_copy")),
                  "prefill_s", ("1024", "4096"), "breakable_", "1.0")
     if lw and up:
         r = ratio(lw["capture_totals"]["prefill"]["capture_s"], up["capture_totals"]["prefill"]["capture_s"])

@@ -12,7 +12,7 @@ SCRIPT = REPO / "tools" / "gpu_host" / "measure_all.sh"
 def run(tmp_path, *steps, fail=""):
     fake = tmp_path / "python"
     # stands in for python3: records its arguments, fails when they contain $FAIL
-    fake.write_text('#!/bin/sh\necho "$@" >> "$CALLS"\n'
+    fake.write_text('#!/bin/sh\necho "$@${SGLANG_SM120_LAYERWISE_ZERO_COPY:+ [zero-copy]}" >> "$CALLS"\n'
                     'case "$*" in *"$FAIL"*) [ -n "$FAIL" ] && { echo "1 failed"; exit 1; } ;; esac\n'
                     'echo "1 passed"\n')
     fake.chmod(0o755)
@@ -47,13 +47,14 @@ def test_serving_steps_run_only_when_named(tmp_path):
     default = tmp_path / "default"
     default.mkdir()
     proc, calls = run(default)  # no steps named: the default list, without the serving session
-    # 13 steps; correctness-full runs four processes, `kernels` kernels_check.sh (build, smoke,
+    # 14 steps; correctness-full runs five processes, `kernels` kernels_check.sh (build, smoke,
     # pytest: 3 calls), prefill-fa2 two
-    assert proc.returncode == 0 and len(calls) == 19
+    assert proc.returncode == 0 and len(calls) == 21
     # the whole correctness grid first (what #4 still has to show), then SM120's prefill plan, the runner
-    assert all("test_layerwise_correctness.py" in c and "--basetemp" in c for c in calls[:4])
-    assert calls[4].startswith("benchmarks/bench_runner.py") and "--configs layerwise_fa2_prefill" in calls[4]
-    assert "test_layerwise_correctness.py" in calls[5] and calls[6].startswith("benchmarks/bench_runner.py")
+    assert all("test_layerwise_correctness.py" in c and "--basetemp" in c for c in calls[:5])
+    assert calls[5].startswith("benchmarks/bench_runner.py") and "--configs layerwise_fa2_prefill" in calls[5]
+    assert "test_layerwise_correctness.py" in calls[6] and calls[7].startswith("benchmarks/bench_runner.py")
+    assert "--configs layerwise_zero_copy" in calls[8]
     assert not {c.split()[0] for c in calls} & {"benchmarks/bench_serving_matrix.py", "benchmarks/soak.py"}
 
 
@@ -151,10 +152,12 @@ def test_full_grid_step_runs_each_model_in_its_own_process_and_reports_each_fail
     monkeypatch.setenv("CORRECTNESS_FULL_STAGGER_S", "0")
     proc, calls = run(tmp_path, "correctness-full", fail="-k qwen3_moe-nvfp4")
     assert proc.returncode == 1, proc.stdout
-    models = sorted(c.split(" -k ")[1] for c in calls)
-    assert models == ["deepseek_v2-bf16", "deepseek_v2-nvfp4", "qwen3_moe-bf16", "qwen3_moe-nvfp4"]
+    runs = sorted(c.split(" -k ")[1] for c in calls)
+    assert runs == ["deepseek_v2-bf16", "deepseek_v2-nvfp4", "qwen3_moe-bf16", "qwen3_moe-bf16 [zero-copy]",
+                    "qwen3_moe-nvfp4"]  # the four models, and qwen3_moe bf16 again under zero-copy
     assert all("test/gpu/test_layerwise_correctness.py" in c for c in calls)
-    assert len({c.split("--basetemp ")[1].split()[0] for c in calls}) == 4  # no shared pytest tmp dir
+    assert len({c.split("--basetemp ")[1].split()[0] for c in calls}) == 5  # no shared pytest tmp dir
+    assert (tmp_path / "res" / "correctness-full-qwen3_moe-bf16-zero-copy.log").is_file()
     assert "failed steps: correctness-full-qwen3_moe-nvfp4" in proc.stdout
     assert (tmp_path / "res" / "correctness-full-deepseek_v2-bf16.log").read_text().strip() == "1 passed"
     text = SCRIPT.read_text()

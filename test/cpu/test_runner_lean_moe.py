@@ -572,8 +572,9 @@ class _NoGraph:
         pass
 
 
-@pytest.mark.parametrize("lean_on", [True, False], ids=["lean", "upstream"])
-def test_tensors_crossing_a_cut_die_with_the_model_s_references(kernels, monkeypatch, lean_on):
+@pytest.mark.parametrize("lean_on, zero_copy", [(True, False), (False, False), (True, True)],
+                         ids=["lean", "upstream", "lean-zero-copy"])
+def test_tensors_crossing_a_cut_die_with_the_model_s_references(kernels, monkeypatch, lean_on, zero_copy):
     """With the garbage collector off, as between its runs on the GPU: nothing of the boundary keeps
     a captured MoE input alive (on the H200 a reference cycle once kept one hidden-state-sized
     block per layer in the graph pool)."""
@@ -597,8 +598,10 @@ def test_tensors_crossing_a_cut_die_with_the_model_s_references(kernels, monkeyp
     try:
         with torch.no_grad():
             entry = capture_size(lambda: model(static_x[:12]), arena=StagingArena(12, "cpu"), warmups=1,
-                                 graph_factory=_NoGraph, lean=LeanMoe("cpu") if lean_on else None)
+                                 graph_factory=_NoGraph, lean=LeanMoe("cpu") if lean_on else None,
+                                 zero_copy=zero_copy)
         assert len(seen) == 8 and len(entry.graph.steps) == 2
+        assert [getattr(st, "zero_copy", False) for st in entry.graph.steps] == [zero_copy] * 2
         assert [r() for r in seen if r() is not None] == []
     finally:
         gc.enable()
@@ -641,3 +644,71 @@ def test_the_jit_activation_is_called_without_the_custom_op(kernels, monkeypatch
     stand_in = []
     lean_moe._activation_call(lambda a, b: stand_in.append((a, b)), "silu", x, out)()
     assert len(stand_in) == 1 and len(calls) == 1  # another entry point: called as it is
+
+
+# ------------------------------------------------------------------------------------------------
+# zero-copy inputs (SGLANG_SM120_LAYERWISE_ZERO_COPY): lean steps read the segment's own tensors
+# ------------------------------------------------------------------------------------------------
+def _copies_into(entry, arena):
+    """aten.copy_ ops the captured segments issue into the arena's staged-input buffers."""
+    staged = {b.untyped_storage().data_ptr() for (name, *_), b in arena._buffers.items() if name.startswith("in.")}
+    return sum(1 for seg in entry.graph.segments for func, args, _, _ in seg._tape
+               if func.overloadpacket is torch.ops.aten.copy_ and args[0].untyped_storage().data_ptr() in staged)
+
+
+@pytest.mark.parametrize("lean_on", [True, False], ids=["lean", "upstream"])
+def test_zero_copy_lean_steps_read_the_segments_tensors_and_replay_equals_eager(kernels, lean_on):
+    model = ToyMoeModel()
+    static_x = torch.randn(12, 32).to(torch.bfloat16)
+    runs = {}
+    for zero_copy in (False, True):
+        arena = StagingArena(12, "cpu")
+        with torch.no_grad():
+            entry = capture_size(lambda: model(static_x[:7]), arena=arena, warmups=1, graph_factory=RecordingGraph,
+                                 lean=LeanMoe("cpu") if lean_on else None, zero_copy=zero_copy)
+        runs[zero_copy] = (entry, arena)
+    for zero_copy, (entry, arena) in runs.items():
+        in_place = zero_copy and lean_on  # upstream's forward may write its inputs: it keeps the copies
+        assert [getattr(st, "zero_copy", False) for st in entry.graph.steps] == [in_place] * 2
+        # four token-major inputs per island (hidden states, top-k weights, ids, router logits), two islands
+        assert _copies_into(entry, arena) == (0 if in_place else 8)
+    for _ in range(2):
+        static_x.copy_(torch.randn(12, 32).to(torch.bfloat16))
+        want = _eager(model, static_x[:7].clone())
+        for entry, _ in runs.values():
+            entry.graph.replay()
+            assert torch.equal(entry.output, want)
+
+
+def test_non_owning_view_aliases_without_keeping_the_memory_alive():
+    import weakref
+
+    from sglang.sm120.runner.zero_copy import non_owning_view
+
+    base = torch.arange(24, dtype=torch.float32).reshape(4, 6)
+    t = base[1:, ::2]  # offset and strides
+    v = non_owning_view(t)
+    assert v.shape == t.shape and v.stride() == t.stride() and v.data_ptr() == t.data_ptr()
+    base[3, 4] = -1.0
+    assert torch.equal(v, t) and v[2, 2].item() == -1.0
+    ref = weakref.ref(base)
+    del base, t
+    assert ref() is None  # the view did not keep it
+    assert non_owning_view(torch.empty(0, 5)).shape == (0, 5)
+
+
+@pytest.mark.parametrize("raw, want", [(None, False), ("", False), ("0", False), ("1", True), (" 1 ", True)])
+def test_zero_copy_switch_from_the_environment(env_value, raw, want):
+    from sglang.sm120.runner import zero_copy
+
+    env_value(zero_copy.ENV, raw)
+    assert zero_copy.requested() is want
+
+
+def test_a_bad_zero_copy_switch_names_the_variable(monkeypatch):
+    from sglang.sm120.runner import config, zero_copy
+
+    monkeypatch.setenv(zero_copy.ENV, "yes")
+    with pytest.raises(ValueError, match=f"{zero_copy.ENV}='yes': expected 1"):
+        zero_copy.requested()
+    assert "zero_copy.requested()" in inspect.getsource(config.finalize)  # checked at ServerArgs time

@@ -24,6 +24,8 @@
 #                layerwise_fa2_prefill (merged into the runner step's file) and the qwen3_moe bf16
 #                correctness full grid under SGLANG_SM120_LAYERWISE_PREFILL_ATTENTION=fa2
 #                -> RESULTS/fa2/                                                                  1200
+#   zero-copy    bench_runner.py's layerwise_zero_copy (lean MoE steps read the segments' tensors in
+#                place, SGLANG_SM120_LAYERWISE_ZERO_COPY=1; its correctness: correctness-full)     500
 #   moe-profile  bench_runner.py --profile-eager-moe: cProfile of the eager MoE steps (bs 64)     300
 #   traps        test_layerwise_traps.py, -k $TRAPS_K (default: qwen3_moe, bf16 and nvfp4)      600
 #   correctness  quick grid of test_layerwise_correctness.py, -k $CORRECTNESS_K (default: every
@@ -32,8 +34,9 @@
 #   correctness-full  the issue's whole grid (bs {1,3,17,64,300,1024} x lengths {7,128,2000}, no
 #                SGLANG_SM120_GPU_QUICK), every mode with the control, for each of
 #                $CORRECTNESS_FULL_MODELS (default: all four tiny models) in its own pytest process,
-#                all at once on the one GPU (KV pools capped by SGLANG_SM120_GPU_MAX_TOKENS)
-#                -> RESULTS/full-grid/                                                   2400 each
+#                all at once on the one GPU (KV pools capped by SGLANG_SM120_GPU_MAX_TOKENS), and
+#                $CORRECTNESS_FULL_ZERO_COPY_MODELS (default qwen3_moe-bf16) beside them under
+#                SGLANG_SM120_LAYERWISE_ZERO_COPY=1 -> RESULTS/full-grid/[zero-copy/]     2400 each
 #   eager-warmup bench_runner.py --diagnose-eager-warmup: where upstream's graphs-disabled
 #                warmup spends its time on a tiny MoE (stacks every 15 s)                        450
 # Not in the default list (a serving session of their own, ~25 min, issue 6):
@@ -60,8 +63,8 @@ cd "$(dirname "$0")/../.."
 [ $# -ge 1 ] || { sed -n '2,/^set -uo/p' "$0" | sed '$d' >&2; exit 2; }
 RES=$(mkdir -p "$1" && cd "$1" && pwd); shift
 STEPS=("$@")
-[ ${#STEPS[@]} -gt 0 ] || STEPS=(correctness-full prefill-fa2 runner traps kernels fp4 lean-moe prefill-profile correctness graph-memory fp4-ncu moe-profile eager-warmup)
-KNOWN="lean-moe kernels fp4 fp4-ncu graph-memory runner prefill-profile prefill-fa2 moe-profile traps correctness correctness-full eager-warmup client-ceiling serving soak serving-diag serving-soak serving-tw4"
+[ ${#STEPS[@]} -gt 0 ] || STEPS=(correctness-full prefill-fa2 runner zero-copy traps kernels fp4 lean-moe prefill-profile correctness graph-memory fp4-ncu moe-profile eager-warmup)
+KNOWN="lean-moe kernels fp4 fp4-ncu graph-memory runner prefill-profile prefill-fa2 zero-copy moe-profile traps correctness correctness-full eager-warmup client-ceiling serving soak serving-diag serving-soak serving-tw4"
 for s in "${STEPS[@]}"; do  # all checked before the first one starts
   case " $KNOWN " in *" $s "*) ;; *) echo "measure_all.sh: unknown step $s ($KNOWN)"; exit 2 ;; esac
 done
@@ -113,6 +116,9 @@ for s in "${STEPS[@]}"; do
       SGLANG_SM120_LAYERWISE_PREFILL_ATTENTION=fa2 SGLANG_SM120_RESULTS_DIR="$RES/fa2" \
         step prefill-fa2-correctness 700 "$PY" -m pytest -m gpu -q -p no:cacheprovider \
         test/gpu/test_layerwise_correctness.py -k "qwen3_moe-bf16" ;;
+    zero-copy)
+      step zero-copy-bench 500 "$PY" benchmarks/bench_runner.py --tag h200 --configs layerwise_zero_copy \
+        --timeout 480 --results-dir "$RES" --workdir "$RES/runner-work" ;;
     moe-profile)  # after runner: the Triton MoE kernels are compiled by then
       step moe-profile 300 "$PY" benchmarks/bench_runner.py --profile-eager-moe --timeout 280 \
         --results-dir "$RES" --workdir "$RES/moe-profile-work" ;;
@@ -124,14 +130,23 @@ for s in "${STEPS[@]}"; do
         -p no:cacheprovider test/gpu/test_layerwise_correctness.py \
         -k "${CORRECTNESS_K:-bf16}" ;;
     correctness-full)  # one pytest process per model, side by side on the one GPU, each KV pool capped
-      mkdir -p "$RES/full-grid"
+      mkdir -p "$RES/full-grid" "$RES/full-grid/zero-copy"
+      runs=()
       for m in ${CORRECTNESS_FULL_MODELS:-qwen3_moe-bf16 qwen3_moe-nvfp4 deepseek_v2-bf16 deepseek_v2-nvfp4}; do
+        runs+=("$m|$m|full-grid|")
+      done
+      for m in ${CORRECTNESS_FULL_ZERO_COPY_MODELS:-qwen3_moe-bf16}; do
+        runs+=("$m-zero-copy|$m|full-grid/zero-copy|SGLANG_SM120_LAYERWISE_ZERO_COPY=1")
+      done
+      for r in "${runs[@]}"; do
+        IFS='|' read -r label k dir extra <<< "$r"
         (
           FAILED=()
+          [ -z "$extra" ] || export "${extra?}"  # this subshell only
           SGLANG_SM120_GPU_MAX_TOKENS=2200000 SGLANG_SM120_TINY_DIR=/tmp/sm120-tiny \
-            SGLANG_SM120_RESULTS_DIR="$RES/full-grid" step "correctness-full-$m" 2400 "$PY" -m pytest -m gpu -q \
-            -p no:cacheprovider --basetemp "/tmp/sm120-full-grid-$m" test/gpu/test_layerwise_correctness.py -k "$m"
-          [ ${#FAILED[@]} -eq 0 ] || touch "$RES/full-grid/$m.failed"
+            SGLANG_SM120_RESULTS_DIR="$RES/$dir" step "correctness-full-$label" 2400 "$PY" -m pytest -m gpu -q \
+            -p no:cacheprovider --basetemp "/tmp/sm120-full-grid-$label" test/gpu/test_layerwise_correctness.py -k "$k"
+          [ ${#FAILED[@]} -eq 0 ] || touch "$RES/full-grid/$label.failed"
         ) &
         sleep "${CORRECTNESS_FULL_STAGGER_S:-15}"  # engine start-ups pick free ports by probing
       done

@@ -32,7 +32,7 @@ from sglang.srt.model_executor.runner_backend.full_cuda_graph_backend import (
     FullCudaGraphBackend,
 )
 
-from . import boundary, prefill_attention
+from . import boundary, prefill_attention, zero_copy
 from .boundary import CaptureSession, ProbeSession, StagingArena
 from .layerwise import LayerwiseEntry, SizeCapturer, capture_size, host_step_stats, is_oom
 from .lean_moe import ENV as LEAN_MOE_ENV
@@ -104,9 +104,11 @@ class _LayerwiseCommon:
         self.size_memory: Dict[int, Dict[str, Any]] = {}
         self.memory_accounting_s = 0.0  # spent reading it (not capture time: reported apart)
         self.lean: Optional[LeanMoe] = LeanMoe(runner.device, lean_max_rows) if lean else None
+        self.zero_copy = bool(lean) and zero_copy.requested()
         if lean:
             cap = "" if lean_max_rows is None else f", batches up to {lean_max_rows} tokens ({PREFILL_CAP_ENV})"
-            logger.info("layerwise %s: lean eager MoE on (%s=0 turns it off%s)", phase, LEAN_MOE_ENV, cap)
+            logger.info("layerwise %s: lean eager MoE on (%s=0 turns it off%s)%s", phase, LEAN_MOE_ENV, cap,
+                        f"; its steps read the segments' tensors in place ({zero_copy.ENV}=1)" if self.zero_copy else "")
 
     # -- helpers -------------------------------------------------------------------------------
     def _sync_barrier(self) -> None:
@@ -162,6 +164,7 @@ class _LayerwiseCommon:
             stream=self._capture_stream,
             track_side_streams=self._capture_stream is not None,
             lean=self.lean,
+            zero_copy=self.zero_copy,
             timings=self.size_timings.setdefault(size, {}),
         )
 
@@ -244,8 +247,9 @@ class _LayerwiseCommon:
             memory_accounting_s=round(self.memory_accounting_s, 4),
         )
         if self.lean is not None:
-            lean_steps = sum(getattr(s, "lean", False) for e in self.entries.values() for s in e.graph.steps)
-            out["lean_moe"] = dict(self.lean.summary(), lean_steps=lean_steps)
+            steps = [s for e in self.entries.values() for s in e.graph.steps]
+            out["lean_moe"] = dict(self.lean.summary(), lean_steps=sum(getattr(s, "lean", False) for s in steps),
+                                   zero_copy_steps=sum(getattr(s, "zero_copy", False) for s in steps))
         return out
 
     def host_stats(self):

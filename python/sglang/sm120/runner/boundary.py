@@ -27,6 +27,8 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 import torch
 
+from .zero_copy import non_owning_view
+
 # Output buffers alternate between this many sets, so an MoE output stays intact until two
 # boundaries later (a consumer that holds it across the next layer's MoE still reads it).
 OUTPUT_RING = 2
@@ -284,12 +286,28 @@ class CaptureSession(_Session):
     """Capture forward: stage inputs, cut the segment, return static outputs.
 
     cutter: anything with `cut(step)` (SegmentCapture, or an adapter onto another segmented
-    capture).
+    capture). zero_copy: lean steps read the segment's own tensors instead of staged copies
+    (zero_copy.py; upstream's forward keeps the copies).
     """
 
-    def __init__(self, arena: StagingArena, records: List[ProbeRecord], cutter, lean=None):
+    def __init__(self, arena: StagingArena, records: List[ProbeRecord], cutter, lean=None,
+                 zero_copy: bool = False):
         super().__init__(arena, records, lean)
         self.cutter = cutter
+        self.zero_copy = zero_copy
+
+    def _stage(self, in_leaves, in_sigs, rows, in_place: bool) -> List[torch.Tensor]:
+        staged: List[torch.Tensor] = []
+        for i, (t, s) in enumerate(zip(in_leaves, in_sigs)):
+            if not s.token_major:
+                staged.append(t)  # static already (parameters, scalars, fixed buffers)
+            elif in_place:
+                staged.append(non_owning_view(t))
+            else:
+                buf = self.arena.view(f"in.{i}", s.tail, s.dtype, rows)
+                buf.copy_(t)  # recorded into the segment that is about to end
+                staged.append(buf)
+        return staged
 
     def on_boundary(self, owner, args, kwargs):
         k = self.calls
@@ -307,25 +325,21 @@ class CaptureSession(_Session):
                 f"eager island #{k}: warmup saw {rec.owner_name} with {rec.rows} rows "
                 f"{rec.in_sigs}, capture sees {type(owner).__name__} with {rows} rows {in_sigs}"
             )
-        staged: List[torch.Tensor] = []
-        for i, (t, s) in enumerate(zip(in_leaves, in_sigs)):
-            if s.token_major:
-                buf = self.arena.view(f"in.{i}", s.tail, s.dtype, rows)
-                buf.copy_(t)  # recorded into the segment that is about to end
-                staged.append(buf)
-            else:
-                staged.append(t)  # static already (parameters, scalars, fixed buffers)
-        staged_args, staged_kwargs = in_rebuild(staged)
         ring = k % OUTPUT_RING
         out_views = [
             self.arena.view(f"out{ring}.{j}", s.tail, s.dtype, rows)
             for j, s in enumerate(rec.out_sigs)
         ]
-        lean = None
-        if self.lean is not None and rec.lean and len(out_views) == 1:
-            lean = self.lean.bind(owner, staged_args, staged_kwargs, out=out_views[0])
+        use_lean = self.lean is not None and rec.lean and len(out_views) == 1
+        in_place = use_lean and self.zero_copy
+        staged_args, staged_kwargs = in_rebuild(self._stage(in_leaves, in_sigs, rows, in_place))
+        lean = self.lean.bind(owner, staged_args, staged_kwargs, out=out_views[0]) if use_lean else None
+        if lean is None and in_place:  # refused at bind: upstream's forward reads staged copies
+            in_place = False
+            staged_args, staged_kwargs = in_rebuild(self._stage(in_leaves, in_sigs, rows, False))
         if lean is not None:
             step = lean[0]  # reads no per-forward flags: no state to restore
+            step.zero_copy = in_place
         else:
             step = _make_step(owner, staged_args, staged_kwargs, out_views, _snapshot_state())
         self.cutter.cut(step)

@@ -19,7 +19,7 @@ import os
 from dataclasses import dataclass
 from typing import Any, List, Optional
 
-from . import prefill_attention
+from . import prefill_attention, zero_copy
 from .lean_moe import lean_moe_requested, lean_prefill_cap
 from .sizes import (
     LAYERWISE_DECODE_MAX_BS,
@@ -288,8 +288,10 @@ def finalize(sa) -> Optional[Resolution]:
 
     if decode_plan or prefill_plan:
         # a malformed lean MoE switch or prefill cap fails here, before the model loads
-        if lean_moe_requested() and prefill_plan:
-            lean_prefill_cap()
+        if lean_moe_requested():
+            zero_copy.requested()
+            if prefill_plan:
+                lean_prefill_cap()
         if prefill_plan:
             prefill_attention.requested()
         _set_env(DYNAMO_FREE_ENV, "1")

@@ -43,6 +43,7 @@ def capture_size(
     stream=None,
     track_side_streams: bool = False,
     lean=None,
+    zero_copy: bool = False,
     timings: Optional[Dict[str, float]] = None,
 ) -> LayerwiseEntry:
     """Warm up (eager, recording every eager island) and capture one size as segments.
@@ -53,6 +54,7 @@ def capture_size(
     before_capture: e.g. device sync, called once right before the first segment opens.
     lean: a lean_moe.LeanMoe: islands whose lean step matched upstream's in the last warmup
         become lean steps.
+    zero_copy: lean steps read the segment's own tensors, not staged copies (zero_copy.py).
     timings: filled with probe_s (the warmup forwards) and capture_s (the captured forward,
         instantiation included), wall seconds: where a size's capture time goes.
     """
@@ -78,7 +80,7 @@ def capture_size(
         pool=pool,
         stream=stream,
         track_side_streams=track_side_streams,
-    ) as cap, CaptureSession(arena, records, cap, lean):
+    ) as cap, CaptureSession(arena, records, cap, lean, zero_copy=zero_copy):
         output = forward_fn()
     if timings is not None:
         timings.update(probe_s=round(t1 - t0, 4), capture_s=round(time.perf_counter() - t1, 4))
