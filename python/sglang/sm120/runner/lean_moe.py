@@ -29,6 +29,7 @@ from typing import Any, Callable, Dict, Optional, Tuple
 
 import torch
 
+from .env import switch
 from .triton_launch import ResolvedOnce
 
 logger = logging.getLogger(__name__)
@@ -40,12 +41,7 @@ DEFAULT_PREFILL_CAP = 4096
 
 def lean_moe_requested() -> bool:
     """SGLANG_SM120_LEAN_MOE: unset or 1 = on (the default), 0 = upstream's MoE path everywhere."""
-    raw = os.environ.get(ENV, "").strip()
-    if raw in ("", "1"):
-        return True
-    if raw == "0":
-        return False
-    raise ValueError(f"{ENV}={raw!r}: expected 1 (lean eager MoE, the default) or 0 (upstream's MoE path)")
+    return switch(ENV, True, on="lean eager MoE, the default", off="upstream's MoE path")
 
 
 def lean_prefill_cap() -> int:

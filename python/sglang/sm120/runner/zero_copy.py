@@ -21,21 +21,16 @@ address, as torch's own CUDA-graph trees rebuild pool tensors
 """
 from __future__ import annotations
 
-import os
-
 import torch
 from torch.utils._python_dispatch import _disable_current_modes
+
+from .env import switch
 
 ENV = "SGLANG_SM120_LAYERWISE_ZERO_COPY"
 
 
 def requested() -> bool:
-    raw = os.environ.get(ENV, "").strip()
-    if raw in ("", "0"):
-        return False
-    if raw == "1":
-        return True
-    raise ValueError(f"{ENV}={raw!r}: expected 1 (on) or 0 (off, the default)")
+    return switch(ENV, False, on="on", off="off, the default")
 
 
 def non_owning_view(t: torch.Tensor) -> torch.Tensor:
