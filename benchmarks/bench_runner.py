@@ -360,7 +360,9 @@ def size_memory_lines(runs: Dict[str, dict], names: List[str]) -> List[str]:
 def capture_time_lines(runs: Dict[str, dict], names: List[str]) -> List[str]:
     """Where layerwise capture time went (the runner's size_timings): the warm pass's forwards (in
     upstream's constructor, so inside its logged elapsed), the probe forward and the captured
-    forward with instantiation. Prefill per bucket, decode summed over its sizes."""
+    forward with instantiation; and upstream's capture loop between our calls (since session 9:
+    the time a pass spent on a size outside our code, from the second size of each pass on).
+    Prefill per bucket, decode summed over its sizes."""
     rows = []
     for n in names:
         for phase in ("prefill", "decode"):
@@ -370,12 +372,14 @@ def capture_time_lines(runs: Dict[str, dict], names: List[str]) -> List[str]:
             groups = [(k, [v]) for k, v in timings.items()] if phase == "prefill" else [
                 (f"{len(timings)} sizes", list(timings.values()))]
             for label, ts in groups:
-                cells = [f"{sum(t.get(k, 0.0) for t in ts):.3f}" for k in ("warm_s", "probe_s", "capture_s")]
+                keys = ("warm_s", "probe_s", "capture_s", "warm_gap_s", "capture_gap_s")
+                cells = [f"{sum(t.get(k, 0.0) for t in ts):.3f}" for k in keys]
                 rows.append(f"| {n} | {phase} | {label} | " + " | ".join(cells) + " |")
     if not rows:
         return []
     return ["", "## Layerwise capture time by step (s)", "",
-            "| config | phase | size | warm pass | probe forward | captured forward |", "|---|---|---|---|---|---|", *rows]
+            "| config | phase | size | warm pass | probe forward | captured forward | upstream before it, warm pass "
+            "| upstream before it, capture pass |", "|---|---|---|---|---|---|---|---|", *rows]
 
 
 def capture_memory_lines(runs: Dict[str, dict], names: List[str]) -> List[str]:

@@ -168,12 +168,14 @@ def test_upstream_moe_prefill_configuration_is_judged_against_breakable(bench):
 
 def test_capture_time_by_step_in_the_md(bench):
     rep = {"prefill": {"size_timings": {"128": {"warm_s": 0.1, "probe_s": 0.05, "capture_s": 0.2},
-                                        "4096": {"warm_s": 0.3, "probe_s": 0.1, "capture_s": 0.4}}},
+                                        "4096": {"warm_s": 0.3, "probe_s": 0.1, "capture_s": 0.4,
+                                                 "warm_gap_s": 0.25, "capture_gap_s": 0.5}}},
            "decode": {"size_timings": {"1": {"warm_s": 0.01}, "512": {"warm_s": 0.02, "probe_s": 0.01, "capture_s": 0.03}}}}
     runs = {"layerwise": {"capture": {"layerwise": rep}}, "upstream": {"capture": {"layerwise": {}}}}
     lines = bench.capture_time_lines(runs, ["upstream", "layerwise"])
-    assert "| layerwise | prefill | 4096 | 0.300 | 0.100 | 0.400 |" in lines
-    assert "| layerwise | decode | 2 sizes | 0.030 | 0.010 | 0.030 |" in lines
+    assert "| layerwise | prefill | 4096 | 0.300 | 0.100 | 0.400 | 0.250 | 0.500 |" in lines
+    assert "| layerwise | prefill | 128 | 0.100 | 0.050 | 0.200 | 0.000 | 0.000 |" in lines
+    assert "| layerwise | decode | 2 sizes | 0.030 | 0.010 | 0.030 | 0.000 | 0.000 |" in lines
     assert not any("| upstream |" in line for line in lines)
     assert bench.capture_time_lines({"upstream": {"capture": {}}}, ["upstream"]) == []
 

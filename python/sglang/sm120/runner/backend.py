@@ -97,6 +97,9 @@ class _LayerwiseCommon:
         self._timing = _timing_enabled()
         self.graph_factory = cuda_graph_factory  # tests inject a CPU emulator
         self._warm_oom: Optional[int] = None
+        # per mode, when our last capture_one returned: the next call's start minus it is the
+        # time upstream's capture loop spent on that size outside our code ("<mode>_gap_s")
+        self._last_exit: Dict[str, float] = {}
         # wall seconds per size: the warm pass's forwards, the capture pass's probe and capture
         self.size_timings: Dict[int, Dict[str, float]] = {}
         # bytes per captured size, by kind (full / layerwise): memory_delta around its capture,
@@ -178,6 +181,15 @@ class _LayerwiseCommon:
         """Upstream calls this once per size: in the warm pass it only runs the forward (for a
         breakable backend, capture_session has already switched attention to its break path);
         afterwards the SizeCapturer captures the size, full or layerwise, dropping it on OOM."""
+        mode, entered = self.mode, time.perf_counter()
+        if mode in self._last_exit:
+            self.size_timings.setdefault(shape_key.size, {})[f"{mode}_gap_s"] = round(entered - self._last_exit[mode], 4)
+        try:
+            self._capture_one(shape_key, forward_fn, post_warmup_hook)
+        finally:
+            self._last_exit[mode] = time.perf_counter()
+
+    def _capture_one(self, shape_key, forward_fn, post_warmup_hook) -> None:
         if self.mode == "warm":
             self._warm(shape_key.size, forward_fn, post_warmup_hook)
             return
