@@ -115,13 +115,15 @@ CONFIGS["layerwise_zero_copy"] = CONFIGS["layerwise"]
 # environment a configuration adds to its one_batch process: every layerwise configuration names
 # its eager MoE path and its captured prefill attention, so a row means the same whatever the default
 _UPSTREAM_MOE, _LEAN_MOE = {"SGLANG_SM120_LEAN_MOE": "0"}, {"SGLANG_SM120_LEAN_MOE": "1"}
-_PREFILL_ATTENTION = "SGLANG_SM120_LAYERWISE_PREFILL_ATTENTION"
+_DEFAULT_PREFILL_ATTENTION = {"SGLANG_SM120_LAYERWISE_PREFILL_ATTENTION": "auto"}
+# what an on-request configuration changes on top of the product's default
+_VARIANT_ENV = {"layerwise_fa2_prefill": {"SGLANG_SM120_LAYERWISE_PREFILL_ATTENTION": "fa2"},
+                "layerwise_zero_copy": {"SGLANG_SM120_LAYERWISE_ZERO_COPY": "1"}}
 CONFIG_ENV: Dict[str, Dict[str, str]] = {
-    name: dict(_UPSTREAM_MOE if name in UPSTREAM_MOE_OF else _LEAN_MOE,
-               **{_PREFILL_ATTENTION: "fa2" if name == "layerwise_fa2_prefill" else "auto"})
+    name: {**(_UPSTREAM_MOE if name in UPSTREAM_MOE_OF else _LEAN_MOE), **_DEFAULT_PREFILL_ATTENTION,
+           **_VARIANT_ENV.get(name, {})}
     for name in CONFIGS if name.startswith("layerwise")
 }
-CONFIG_ENV["layerwise_zero_copy"]["SGLANG_SM120_LAYERWISE_ZERO_COPY"] = "1"
 CAPTURE_RE = re.compile(
     r"Capture (?:target )?(prefill|decode) CUDA graph end\. elapsed=([\d.]+) s, mem usage=([\d.]+) GB"
 )

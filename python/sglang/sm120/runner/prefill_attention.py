@@ -21,8 +21,9 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 from typing import Iterator, List, Optional, Tuple
+
+from .env import choice
 
 logger = logging.getLogger(__name__)
 
@@ -33,13 +34,7 @@ UPSTREAM = "fa2"
 
 
 def requested() -> str:
-    raw = os.environ.get(ENV, "").strip()
-    if raw == "":
-        return DEFAULT
-    if raw not in CHOICES:
-        raise ValueError(f"{ENV}={raw!r}: expected one of {', '.join(CHOICES)} (default {DEFAULT}; "
-                         f"upstream's is {UPSTREAM})")
-    return raw
+    return choice(ENV, CHOICES, DEFAULT, note=f"upstream's is {UPSTREAM}")
 
 
 def _check_device(choice: str, capability: Optional[Tuple[int, int]]) -> None:
