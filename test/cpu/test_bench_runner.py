@@ -91,11 +91,16 @@ def test_graph_memory_target_compares_the_same_sizes(bench):
     assert "warm-up" in entry["measure"] and "note" not in entry
 
 
-def _size_memory(kinds, per_size_gb):
-    """A capture report's per-size readings: each size takes per_size_gb (pool, outside) GB."""
+def _size_memory(kinds, per_size_gb, output_gb=None):
+    """A capture report's per-size readings: each size takes per_size_gb (pool, outside) GB; with
+    output_gb, each size's output holds that many GB (readings since session 10)."""
     g = 2**30
-    return {str(size): {"kind": kind, "allocated": 0, "reserved": int(per_size_gb[0] * g), "pool": int(per_size_gb[0] * g),
-                        "outside": int(per_size_gb[1] * g)} for size, kind in kinds.items()}
+    out = {str(size): {"kind": kind, "allocated": 0, "reserved": int(per_size_gb[0] * g), "pool": int(per_size_gb[0] * g),
+                       "outside": int(per_size_gb[1] * g)} for size, kind in kinds.items()}
+    if output_gb is not None:
+        for v in out.values():
+            v["output_bytes"] = int(output_gb * g)
+    return out
 
 
 def test_per_size_graph_memory_compares_layerwise_sizes_with_the_same_full_sizes(bench):
@@ -111,7 +116,7 @@ def test_per_size_graph_memory_compares_layerwise_sizes_with_the_same_full_sizes
     assert entry["value"] == 0.2 and entry["met"] and "3 sizes" in entry["measure"]
     assert bench.size_memory_totals(lw, "decode", "layerwise")["sizes"] == [512]
     lines = bench.size_memory_lines({"layerwise": lw}, ["layerwise"])
-    assert "| layerwise | decode | full | 3 | 0.000 | 0.030 | 0.030 | 0.300 | 0.330 | - | - |" in lines  # no kept readings
+    assert "| layerwise | decode | full | 3 | 0.000 | 0.030 | 0.030 | 0.300 | 0.330 | - | - | - |" in lines  # no kept or output readings
     # layerwise's own sizes against full graphs at those sizes (full_graphs_1024)
     full1024 = _run({}, {}, _cap(0, 0, 20.0, 0.5))
     full1024["capture"] = {"layerwise": {"decode": {"size_memory": _size_memory(
@@ -225,3 +230,27 @@ def test_host_time_table_has_wall_and_cpu_per_size(bench):
     assert lines[-2:] == ["| layerwise | decode | 512 | 103.0 | - | 21 |",  # an older report: no CPU time
                           "| layerwise | decode | 1024 | 110.2 | 61.0 | 21 |"]
     assert bench.host_time_lines({"upstream": {"host_step": {}}}, ["upstream"]) == []
+
+
+def test_graph_memory_without_the_logits_is_reported_beside_the_target(bench):
+    """The largest size's output (the logits) is read per size; the per-size comparison also says
+    what is left without it, and the md shows both (the target itself is unchanged)."""
+    lw = _run({}, {}, _cap(3.0, 0.7, 17.5, 1.0))
+    lw["capture"] = {"layerwise": {"decode": {"size_memory": _size_memory(
+        {512: "layerwise", 1024: "layerwise"}, (0.2, 0.06), output_gb=0.29)}}}
+    full = _run({}, {}, _cap(0, 0, 20.0, 0.5))
+    full["capture"] = {"layerwise": {"decode": {"size_memory": _size_memory(
+        {512: "full", 1024: "full"}, (0.2, 0.02), output_gb=0.29)}}}
+    t = bench.compute_targets({"layerwise": lw, "full_graphs_1024": full})
+    entry = t["decode_graph_mem_layerwise_sizes_vs_full_1024"]
+    assert entry["value"] == round(0.52 / 0.44, 4) and not entry["met"]
+    w = entry["without_largest_output"]
+    assert w["layerwise_gb"] == 0.23 and w["full_gb"] == 0.15 and w["ratio"] == round(0.23 / 0.15, 4)
+    assert w["output_gb"] == [0.29, 0.29] and w["outside_gb"] == [0.12, 0.04]
+    assert bench.size_memory_totals(lw, "decode", "layerwise")["largest_size_output_gb"] == 0.29
+    lines = bench.size_memory_lines({"layerwise": lw}, ["layerwise"])
+    assert "| layerwise | decode | layerwise | 2 | 0.000 | 0.400 | 0.400 | 0.120 | 0.520 | 0.290 | - | - |" in lines
+    md = bench.render_md({"tag": "t", "device": "H200", "model": "m", "generated": "now",
+                          "runs": {"layerwise": lw, "full_graphs_1024": full}, "targets": t})
+    assert ("`decode_graph_mem_layerwise_sizes_vs_full_1024` without the largest size's output (the logits: "
+            "0.29 GB layerwise, 0.29 GB full graphs): layerwise 0.23 GB vs full graphs 0.15 GB") in md

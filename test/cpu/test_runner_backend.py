@@ -324,6 +324,10 @@ def test_report_splits_each_captured_sizes_memory_by_kind(monkeypatch):
         assert {k: v[k] for k in ("allocated", "reserved", "pool", "outside", "kept_blocks")} == dict.fromkeys(
             ("allocated", "reserved", "pool", "outside", "kept_blocks"), 0)
     assert report["memory_accounting_s"] >= 0
+    # what each size's output holds, for full graphs (upstream's store) and layerwise entries alike
+    for size in sizes:
+        out = backend._captured_output(ShapeKey(size=size))
+        assert isinstance(out, torch.Tensor) and mem[str(size)]["output_bytes"] == out.untyped_storage().nbytes() > 0
     # 10 MB left free memory: 6 MB of it into torch's allocator (4 MB of that the graph pool), 4 MB outside
     before = {"allocated": 100, "reserved": 1000, "pool": 200, "free": 50_000_000,
               "pool_blocks": frozenset({(0, 512)})}
@@ -344,3 +348,21 @@ def test_without_the_diagnostics_switch_no_size_is_read(monkeypatch):
     _capture_all(backend, model, static_ids, sizes)
     report = backend.report()
     assert report["size_memory"] == {} and report["memory_accounting_s"] == 0
+
+
+def test_held_bytes_counts_each_allocation_behind_an_output_once():
+    from dataclasses import dataclass
+
+    from sglang.sm120.runner.memory import held_bytes
+
+    @dataclass
+    class Out:  # shaped like upstream's LogitsProcessorOutput: tensors and None in fields
+        next_token_logits: torch.Tensor
+        hidden_states: object = None
+        extra: object = None
+
+    base = torch.zeros(64, 100, dtype=torch.bfloat16)  # 12,800 B
+    other = torch.zeros(10, dtype=torch.float32)  # 40 B
+    out = Out(base[:8], hidden_states=(base[8:16], {"x": other}), extra=[base, "constant", 3])
+    assert held_bytes(out) == 64 * 100 * 2 + 10 * 4  # views count their whole allocation, once
+    assert held_bytes(None) == 0 and held_bytes(Out) == 0  # a class is not an instance

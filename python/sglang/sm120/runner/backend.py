@@ -37,7 +37,7 @@ from .boundary import CaptureSession, ProbeSession, StagingArena
 from .layerwise import LayerwiseEntry, SizeCapturer, capture_size, host_step_stats, is_oom
 from .lean_moe import ENV as LEAN_MOE_ENV
 from .lean_moe import PREFILL_CAP_ENV, LeanMoe, lean_moe_requested, lean_prefill_cap
-from .memory import memory_delta, memory_point
+from .memory import held_bytes, memory_delta, memory_point
 from .segments import cuda_graph_factory
 
 logger = logging.getLogger(__name__)
@@ -208,11 +208,18 @@ class _LayerwiseCommon:
         if before is not None:
             t2 = time.perf_counter()
             if kind is not None:
-                self.size_memory[shape_key.size] = dict(memory_delta(before, memory_point(pool)), kind=kind)
+                self.size_memory[shape_key.size] = dict(memory_delta(before, memory_point(pool)), kind=kind,
+                                                        output_bytes=held_bytes(self._captured_output(shape_key)))
             self.memory_accounting_s += (t1 - t0) + (time.perf_counter() - t2)
 
     def _capture_full(self, size: int) -> None:
         raise AssertionError(f"{self.phase} never captures full graphs under layerwise")
+
+    def _captured_output(self, shape_key) -> Any:
+        """What a captured size hands back at replay (a full graph's output lives in upstream's
+        store), for the memory readings."""
+        entry = self.entries.get(shape_key)
+        return entry.output if entry is not None else getattr(self, "_outputs", {}).get(shape_key)
 
     def cleanup(self) -> None:
         super().cleanup()

@@ -3,10 +3,12 @@
 Live tensors (`allocated`), everything torch's caching allocator holds (`reserved`), the part of
 that in the graph pool's segments (`pool`), and free device memory (`free`): what leaves free
 memory beyond `reserved` is outside the allocator (the driver's instantiated graphs). The pool
-blocks left allocated after a capture say which tensors a captured size keeps.
+blocks left allocated after a capture say which tensors a captured size keeps, and
+`held_bytes` what a captured size's output (its logits) holds.
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Dict
 
 import torch
@@ -43,3 +45,27 @@ def memory_delta(before: Dict[str, Any], after: Dict[str, Any], largest: int = 6
     d["kept_blocks"] = len(kept)
     d["kept_largest"] = kept[:largest]
     return d
+
+
+def held_bytes(obj) -> int:
+    """Bytes of the distinct allocations the tensors inside `obj` hold (tensors in dataclasses,
+    tuples, lists and dicts; a view counts its whole allocation, each allocation once). For a
+    captured size's output this is the graph memory its logits pin, whichever graph made them."""
+    seen: Dict[int, int] = {}
+
+    def walk(x) -> None:
+        if isinstance(x, torch.Tensor):
+            storage = x.untyped_storage()
+            seen[storage.data_ptr()] = storage.nbytes()
+        elif dataclasses.is_dataclass(x) and not isinstance(x, type):
+            for f in dataclasses.fields(x):
+                walk(getattr(x, f.name))
+        elif isinstance(x, (tuple, list)):
+            for e in x:
+                walk(e)
+        elif isinstance(x, dict):
+            for e in x.values():
+                walk(e)
+
+    walk(obj)
+    return sum(seen.values())
