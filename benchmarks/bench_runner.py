@@ -263,9 +263,10 @@ def size_memory_totals(run: dict, phase: str, kind: str, sizes=None) -> Dict[str
     out["kept_blocks"] = None if None in kept else sum(kept)
     top = picked[max(picked)].get("kept_largest")  # what the largest size left allocated
     out["largest_size_kept_mb"] = None if top is None else [round(b / 2**20, 2) for b in top]
-    # what the largest size's output (the logits) holds: sizes are captured largest first into one
-    # pool, so its output is the part of the pool's growth every graph holding the LM head needs
-    # (readings since session 10; None in older reports)
+    # the allocations the largest size's output (the logits) holds (readings since session 10;
+    # None in older reports). Upstream 0.5.16 writes decode logits into one preallocated fp32
+    # buffer shared by every size (graph_shared_output), so this is not graph-pool memory: the
+    # reading says where the logits live, it is not subtracted from anything.
     held = picked[max(picked)].get("output_bytes")
     out["largest_size_output_gb"] = None if held is None else round(held / 2**30, 4)
     return out
@@ -288,14 +289,6 @@ def _per_size_graph_mem(t: Dict[str, dict], key: str, seg_run, full_run, sizes_o
     t[key] = dict(_target(ratio(seg["graph"], full["graph"]), "<= 0.5", lambda v: v <= 0.5),
                   measure=what.format(n=len(sizes), first=sizes[0], last=sizes[-1])
                   + f": layerwise {seg['graph']} GB, full graphs {full['graph']} GB")
-    if seg["largest_size_output_gb"] is not None and full["largest_size_output_gb"] is not None:
-        # the same comparison without what both must hold for the LM head's output (not a target)
-        s_rest = round(seg["graph"] - seg["largest_size_output_gb"], 4)
-        f_rest = round(full["graph"] - full["largest_size_output_gb"], 4)
-        t[key]["without_largest_output"] = {
-            "layerwise_gb": s_rest, "full_gb": f_rest, "ratio": ratio(s_rest, f_rest),
-            "output_gb": [seg["largest_size_output_gb"], full["largest_size_output_gb"]],
-            "outside_gb": [seg["outside"], full["outside"]]}
 
 
 def compute_targets(runs: Dict[str, dict]) -> Dict[str, dict]:
@@ -369,7 +362,8 @@ def size_memory_lines(runs: Dict[str, dict], names: List[str]) -> List[str]:
     return ["", "## Graph memory by captured size (GB, summed over the sizes)", "",
             "Read around each size's capture: live tensors (allocated), torch's allocator (reserved), "
             "the graph pool's part of it (pool), outside the allocator (the driver); graph = pool + outside; "
-            "output = the allocations the largest size's output (the logits) holds, inside `pool`.", "",
+            "output = the allocations the largest size's output (the logits) holds: upstream's shared logits "
+            "buffer, outside the graph pool.", "",
             "| config | phase | kind | sizes | allocated | reserved | pool | outside | graph | largest size's output | "
             "pool blocks kept | largest size keeps (MB) |",
             "|---|---|---|---|---|---|---|---|---|---|---|---|", *rows]
@@ -465,13 +459,6 @@ def render_md(result: dict) -> str:
     for k, v in result["targets"].items():
         lines.append(f"| {k} | {v['value']} | {v['target']} | {'yes' if v['met'] else 'NO'}"
                      f"{' (' + v['note'] + ')' if v.get('note') else ''} |")
-    for k, v in result["targets"].items():
-        w = v.get("without_largest_output")
-        if w:
-            lines.append(f"\n`{k}` without the largest size's output (the logits: {w['output_gb'][0]} GB layerwise, "
-                         f"{w['output_gb'][1]} GB full graphs): layerwise {w['layerwise_gb']} GB vs full graphs "
-                         f"{w['full_gb']} GB = {w['ratio']}x, of which outside the allocator (the driver's "
-                         f"instantiated graphs) {w['outside_gb'][0]} vs {w['outside_gb'][1]} GB.")
     if result.get("notes"):
         lines += ["", "## Notes", ""] + [f"- {n}" for n in result["notes"]]
     for n, why in sorted(result.get("failed", {}).items()):

@@ -232,25 +232,19 @@ def test_host_time_table_has_wall_and_cpu_per_size(bench):
     assert bench.host_time_lines({"upstream": {"host_step": {}}}, ["upstream"]) == []
 
 
-def test_graph_memory_without_the_logits_is_reported_beside_the_target(bench):
-    """The largest size's output (the logits) is read per size; the per-size comparison also says
-    what is left without it, and the md shows both (the target itself is unchanged)."""
+def test_graph_memory_table_shows_where_the_largest_sizes_logits_live(bench):
+    """The largest size's output (the logits) is read per size and shown beside the graph memory;
+    it is upstream's shared logits buffer, outside the pool, so no figure subtracts it."""
     lw = _run({}, {}, _cap(3.0, 0.7, 17.5, 1.0))
     lw["capture"] = {"layerwise": {"decode": {"size_memory": _size_memory(
-        {512: "layerwise", 1024: "layerwise"}, (0.2, 0.06), output_gb=0.29)}}}
+        {512: "layerwise", 1024: "layerwise"}, (0.2, 0.06), output_gb=0.58)}}}
     full = _run({}, {}, _cap(0, 0, 20.0, 0.5))
     full["capture"] = {"layerwise": {"decode": {"size_memory": _size_memory(
-        {512: "full", 1024: "full"}, (0.2, 0.02), output_gb=0.29)}}}
+        {512: "full", 1024: "full"}, (0.2, 0.02), output_gb=0.58)}}}
     t = bench.compute_targets({"layerwise": lw, "full_graphs_1024": full})
     entry = t["decode_graph_mem_layerwise_sizes_vs_full_1024"]
-    assert entry["value"] == round(0.52 / 0.44, 4) and not entry["met"]
-    w = entry["without_largest_output"]
-    assert w["layerwise_gb"] == 0.23 and w["full_gb"] == 0.15 and w["ratio"] == round(0.23 / 0.15, 4)
-    assert w["output_gb"] == [0.29, 0.29] and w["outside_gb"] == [0.12, 0.04]
-    assert bench.size_memory_totals(lw, "decode", "layerwise")["largest_size_output_gb"] == 0.29
+    assert entry["value"] == round(0.52 / 0.44, 4) and not entry["met"] and "without" not in str(entry)
+    assert bench.size_memory_totals(lw, "decode", "layerwise")["largest_size_output_gb"] == 0.58
     lines = bench.size_memory_lines({"layerwise": lw}, ["layerwise"])
-    assert "| layerwise | decode | layerwise | 2 | 0.000 | 0.400 | 0.400 | 0.120 | 0.520 | 0.290 | - | - |" in lines
-    md = bench.render_md({"tag": "t", "device": "H200", "model": "m", "generated": "now",
-                          "runs": {"layerwise": lw, "full_graphs_1024": full}, "targets": t})
-    assert ("`decode_graph_mem_layerwise_sizes_vs_full_1024` without the largest size's output (the logits: "
-            "0.29 GB layerwise, 0.29 GB full graphs): layerwise 0.23 GB vs full graphs 0.15 GB") in md
+    assert "| layerwise | decode | layerwise | 2 | 0.000 | 0.400 | 0.400 | 0.120 | 0.520 | 0.580 | - | - |" in lines
+    assert any("shared logits buffer, outside the graph pool" in line for line in lines)
