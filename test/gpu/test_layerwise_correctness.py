@@ -18,12 +18,23 @@ Each prompt is classified against the reference:
               <= NEAR_TIE_EPS[quant]
   mismatch    any other divergence (a real numerical difference, or a bug)
 and max |delta logprob| of the chosen tokens over the agreeing positions is recorded.
-Fails on a flip fraction above MAX_FLIP_FRACTION, on |delta| above MAX_ABS_DELTA, and for the
-layerwise modes on any real mismatch that the `full` control does not show on the same prompt
-(any real mismatch at all when the control did not run in the same process), on missing graph
-kinds, eager decode, or a trap hit. Why the control and not zero: on the first H200 runs
-upstream's own full graphs gave real (gap > eps) divergences from graphs-disabled on the same 5
-of 732 prompts as layerwise, while graphs-disabled repeated itself exactly (docs/runner.md).
+What a layerwise mode is held to (`judge`), where graphs disabled repeats itself exactly (bf16):
+  same kernels as the control (MLA models, whose prefill stays upstream's; or the captured
+  prefill attention on upstream's FA2 plan, which is what SM120 runs): greedy tokens identical
+  to the `full` control on every prompt, compared prompt by prompt in this process;
+  other prefill kernels (FA3, the default on SM90): no further from graphs disabled than the
+  control: real mismatches <= NOISE_SLACK x the control's + NOISE_EXTRA, flips <= the larger of
+  MAX_FLIP_FRACTION and NOISE_SLACK x the control's;
+  no control in the process: no real mismatch, flips <= MAX_FLIP_FRACTION.
+Where graphs disabled does not repeat itself (NVFP4 through Marlin's atomics), counts are held to
+the larger of its own noise floor and the control's, as above. Every mode: |delta| <= MAX_ABS_DELTA;
+layerwise modes also on missing graph kinds, eager decode, or a trap hit. The control (upstream's
+own graphs) is recorded, not failed on its counts: it is the bar, not the code under test.
+Why the control and not graphs disabled: the tiny models' logits are near ties by construction,
+and upstream's own CUDA graphs plan other attention kernels than eager (split-KV decode, FA2
+paged prefill), so they diverge from graphs disabled themselves: on the whole grid in session 10,
+518 of 4,461 qwen3_moe bf16 prompts flipped and 62 diverged beyond a near tie under upstream's
+full graphs, and layerwise on the same kernels gave exactly those (docs/runner.md 5.9).
 
 Why NEAR_TIE_EPS is 0.25 nats for bf16 (not 1e-2): logits come out of a bf16 LM head. The tiny
 models' logits have std 6 (sglang.sm120.tiny), so the top logits of a 4096 vocab sit at 16-32,
@@ -71,7 +82,7 @@ TOP_LOGPROBS = 5
 NEAR_TIE_EPS = {"bf16": 0.25, "nvfp4": 0.5}  # nats, see the module docstring
 MAX_FLIP_FRACTION = 0.10  # of all prompts of one mode (first H200 run: 71/732 diverged)
 MAX_ABS_DELTA = {"bf16": 1.0, "nvfp4": 2.0}  # nats, chosen-token logprob on agreeing prefixes
-NOISE_SLACK, NOISE_EXTRA = 1.5, 2  # where graphs disabled does not repeat itself: see divergence_failures
+NOISE_SLACK, NOISE_EXTRA = 1.5, 2  # counts held to a floor (the control's, a noisy reference's): see judge
 MAX_TOKENS = int(os.environ.get("SGLANG_SM120_GPU_MAX_TOKENS", "0")) or None
 _LARGEST_BATCH_TOKENS = max(BATCH_SIZES) * (max(PROMPT_LENS) + NEW_TOKENS)
 if MAX_TOKENS is not None and MAX_TOKENS < _LARGEST_BATCH_TOKENS:
@@ -222,43 +233,75 @@ def render_table(title: str, rows: Dict[str, Dict[tuple, Cell]]) -> str:
     return "\n".join(lines)
 
 
-def divergence_failures(mode: str, got: "Cell", control: Optional["Cell"], noise: Optional["Cell"],
-                        quant: str) -> List[str]:
-    """Why `mode` fails against graphs disabled (empty: it passes).
+def prefill_attention_choice() -> str:
+    from sglang.sm120.runner.prefill_attention import requested
 
-    Where the graphs-disabled reference repeats itself exactly (noise: its second pass; bf16 on
-    the H200), a layerwise mode may show no real mismatch that the `full` control lacks (same
-    prompt) and at most MAX_FLIP_FRACTION near-tie flips. Where the reference does not repeat
-    itself (NVFP4 through Marlin on SM90: its MoE reduces with atomics, 2026-12-01 run: 9 real
-    mismatches and 19% flips between two graphs-disabled passes) per-prompt attribution means
-    nothing, so counts are held to the noise floor instead: at most NOISE_SLACK x the larger of
-    the noise's and the control's count (+ NOISE_EXTRA real mismatches)."""
-    out = []
+    return requested()
+
+
+def device_capability():
+    import torch
+
+    return torch.cuda.get_device_capability()
+
+
+def same_kernels_as_control(arch: str, prefill_attention: str, capability) -> bool:
+    """Whether a layerwise engine runs the control's kernels: MLA keeps upstream's prefill, and the
+    captured MHA prefill attention is upstream's FA2 plan unless `auto` takes FA3 (SM90 only)."""
+    if arch != "qwen3_moe":
+        return True
+    return prefill_attention == "fa2" or (prefill_attention == "auto" and capability[0] != 9)
+
+
+@dataclass
+class Judgement:
+    failures: List[str]
+    targets: Dict[str, dict]
+
+
+def _limit(targets: Dict[str, dict], failures: List[str], name: str, value, limit, why: str) -> None:
+    met = value <= limit
+    targets[name] = {"value": value, "target": round(limit, 4), "met": met}
+    if not met:
+        failures.append(why)
+
+
+def judge(mode: str, got: "Cell", control: Optional["Cell"], noise: Optional["Cell"], quant: str,
+          vs_control: Optional["Cell"] = None) -> Judgement:
+    """What `mode` is held to against graphs disabled (module docstring), as failures and as the
+    results file's targets. got / control / noise: totals against graphs disabled of this mode, of
+    the `full` control and of graphs disabled's second pass; vs_control: totals of this mode
+    against the control prompt by prompt, given only where both run the same kernels."""
+    failures: List[str] = []
+    targets: Dict[str, dict] = {}
+    n = max(1, got.total)
     noisy = noise is not None and (noise.mismatches > 0 or noise.flips > MAX_FLIP_FRACTION * max(1, noise.total))
-    if noisy:
-        ref_real = max(noise.mismatches, control.mismatches if control is not None else 0)
-        allowed_real = NOISE_SLACK * ref_real + NOISE_EXTRA
-        if got.mismatches > allowed_real:
-            out.append(f"{mode}: {got.mismatches} real mismatches > {allowed_real:g} "
-                       f"(noise floor {noise.mismatches}, control {control.mismatches if control else '-'})")
-        ref_flips = max(noise.flips, control.flips if control is not None else 0)
-        allowed_flips = max(MAX_FLIP_FRACTION * got.total, NOISE_SLACK * ref_flips)
-        if got.flips > allowed_flips:
-            out.append(f"{mode}: {got.flips}/{got.total} near-tie flips > {allowed_flips:g} (noise floor {noise.flips})")
-    else:
-        if mode in LAYERWISE_MODES:
-            if control is not None:
-                extra = sorted(set(got.mismatch_labels) - set(control.mismatch_labels))
-                if extra:
-                    out.append(f"{mode}: {len(extra)} real mismatches the full-graph control lacks: {extra[:8]}")
-            elif got.mismatches:
-                out.append(f"{mode}: {got.mismatches} real mismatches (no full-graph control ran in this "
-                           f"process): {got.mismatch_labels[:8]}")
-        if got.flips > MAX_FLIP_FRACTION * got.total:
-            out.append(f"{mode}: {got.flips}/{got.total} near-tie flips > {MAX_FLIP_FRACTION:.0%}")
-    if got.max_abs_delta > MAX_ABS_DELTA[quant]:
-        out.append(f"{mode}: max |dlogprob| {got.max_abs_delta} > {MAX_ABS_DELTA[quant]}")
-    return out
+    if mode == "full":
+        pass  # the control, upstream's own graphs: recorded; only |delta| is checked below
+    elif vs_control is not None and not noisy:
+        differ = vs_control.flips + vs_control.mismatches
+        _limit(targets, failures, f"{mode}_prompts_differing_from_control", differ, 0,
+               f"{mode}: {differ} prompts differ from upstream's own CUDA graphs on the same kernels: "
+               f"{vs_control.examples[:8]}")
+    elif noisy or control is not None:
+        floors = [c for c in (noise if noisy else None, control) if c is not None]
+        real_limit = NOISE_SLACK * max(c.mismatches for c in floors) + NOISE_EXTRA
+        flip_limit = max(MAX_FLIP_FRACTION * n, NOISE_SLACK * max(c.flips for c in floors))
+        seen = (f"noise floor {noise.mismatches if noisy else '-'} / {noise.flips if noisy else '-'}, "
+                f"control {control.mismatches if control else '-'} / {control.flips if control else '-'}")
+        _limit(targets, failures, f"{mode}_real_mismatches", got.mismatches, real_limit,
+               f"{mode}: {got.mismatches} real mismatches > {real_limit:g} ({seen})")
+        _limit(targets, failures, f"{mode}_flips", got.flips, flip_limit,
+               f"{mode}: {got.flips}/{got.total} near-tie flips > {flip_limit:g} ({seen})")
+    else:  # a layerwise mode with no control in this process, against a reference that repeats itself
+        _limit(targets, failures, f"{mode}_real_mismatches", got.mismatches, 0,
+               f"{mode}: {got.mismatches} real mismatches (no full-graph control ran in this process): "
+               f"{got.mismatch_labels[:8]}")
+        _limit(targets, failures, f"{mode}_flips", got.flips, MAX_FLIP_FRACTION * n,
+               f"{mode}: {got.flips}/{got.total} near-tie flips > {MAX_FLIP_FRACTION:.0%}")
+    _limit(targets, failures, f"{mode}_max_abs_dlogprob", round(got.max_abs_delta, 4), MAX_ABS_DELTA[quant],
+           f"{mode}: max |dlogprob| {got.max_abs_delta} > {MAX_ABS_DELTA[quant]}")
+    return Judgement(failures, targets)
 
 
 def totals(cells: Dict[tuple, Cell]) -> Cell:
@@ -338,6 +381,8 @@ def capture_reports(stderr: str):
 
 _REFERENCE: dict = {}  # (arch, quant) -> (groups, pass A, pass B, noise cells)
 _ROWS: dict = {}  # (arch, quant) -> {mode: cells}, for the table
+_CONTROL: dict = {}  # (arch, quant) -> the `full` control's outputs, for the prompt-by-prompt comparison
+_TARGETS: dict = {}  # (arch, quant) -> {name: target}, what each mode was held to (results file)
 
 
 def _reference(arch, quant, model_dir, tmp_path):
@@ -355,7 +400,8 @@ def _reference(arch, quant, model_dir, tmp_path):
 def _publish(arch, quant, capfd) -> str:
     rows = _ROWS[(arch, quant)]
     table = render_table(
-        f"{arch}-{quant}: vs graphs disabled (near tie: gap <= {NEAR_TIE_EPS[quant]} nats)", rows
+        f"{arch}-{quant}: vs graphs disabled; rows MODE~full: MODE vs the full-graph control itself "
+        f"(near tie: gap <= {NEAR_TIE_EPS[quant]} nats)", rows
     )
     with capfd.disabled():
         print("\n" + table, file=sys.stderr, flush=True)
@@ -363,18 +409,12 @@ def _publish(arch, quant, capfd) -> str:
     if out_dir:
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
-        n_all = {m: totals(c) for m, c in rows.items()}
-        targets = {}
-        for m, t in n_all.items():
-            targets[f"{m}_real_mismatches"] = {"value": t.mismatches, "target": 0, "met": t.mismatches == 0}
-            frac = t.flips / max(1, t.total)
-            targets[f"{m}_flip_fraction"] = {
-                "value": round(frac, 4), "target": MAX_FLIP_FRACTION, "met": frac <= MAX_FLIP_FRACTION
-            }
+        targets = dict(_TARGETS.get((arch, quant), {}))
         doc = {
             "model": f"{arch}-{quant}",
             "tp_size": TP,
             "near_tie_eps": NEAR_TIE_EPS[quant],
+            "rule": "judge() in test/gpu/test_layerwise_correctness.py (since session 10: held to the full-graph control)",
             "targets": targets,
             "modes": {
                 m: {f"{k[0]}x{k[1]}": c.__dict__ for k, c in cells.items()} for m, cells in rows.items()
@@ -398,19 +438,26 @@ def test_greedy_tokens_match_graphs_disabled(arch, quant, mode, tiny_root, tmp_p
     trap_log = tmp_path / f"traps-{mode}.jsonl"
     (got,) = run_engine(model_dir, mode, arch, groups, trap_log)
     err = capfd.readouterr().err
+    key = (arch, quant)
     cells = compare_groups(groups, reference, got, NEAR_TIE_EPS[quant])
-    _ROWS[(arch, quant)][mode] = cells
+    _ROWS[key][mode] = cells
+    if mode == "full":
+        _CONTROL[key] = got
+    control = _ROWS[key].get("full") if mode in LAYERWISE_MODES else None
+    vs_control = None
+    if control is not None and same_kernels_as_control(arch, prefill_attention_choice(), device_capability()):
+        vs_control = compare_groups(groups, _CONTROL[key], got, NEAR_TIE_EPS[quant])
+        _ROWS[key][f"{mode}~full"] = vs_control  # this mode against the control itself
+    noise = _ROWS[key].get("disabled-repeat")
+    verdict = judge(mode, totals(cells), totals(control) if control is not None else None,
+                    totals(noise) if noise is not None else None, quant,
+                    totals(vs_control) if vs_control is not None else None)
+    _TARGETS.setdefault(key, {}).update(verdict.targets)
     table = _publish(arch, quant, capfd)
     reports = capture_reports(err)
     with capfd.disabled():
         print(f"{arch}-{quant} {mode} capture reports: {json.dumps(reports)}", file=sys.stderr, flush=True)
-
-    t = totals(cells)
-    control = _ROWS[(arch, quant)].get("full") if mode in LAYERWISE_MODES else None
-    noise = _ROWS[(arch, quant)].get("disabled-repeat")
-    failures = divergence_failures(mode, t, totals(control) if control is not None else None,
-                                   totals(noise) if noise is not None else None, quant)
-    assert not failures, "\n".join(failures) + "\n" + table
+    assert not verdict.failures, "\n".join(verdict.failures) + "\n" + table
     if mode not in LAYERWISE_MODES:
         return
     assert "decode" in reports, f"no layerwise decode capture report on stderr ({mode})"
