@@ -12,7 +12,8 @@ SCRIPT = REPO / "tools" / "gpu_host" / "measure_all.sh"
 def run(tmp_path, *steps, fail=""):
     fake = tmp_path / "python"
     # stands in for python3: records its arguments, fails when they contain $FAIL
-    fake.write_text('#!/bin/sh\necho "$@${SGLANG_SM120_LAYERWISE_ZERO_COPY:+ [zero-copy]}" >> "$CALLS"\n'
+    fake.write_text('#!/bin/sh\necho "$@${SGLANG_SM120_LAYERWISE_ZERO_COPY:+ [zero-copy]}'
+                    '${SGLANG_SM120_LEAN_MOE:+ [lean=$SGLANG_SM120_LEAN_MOE]}" >> "$CALLS"\n'
                     'case "$*" in *"$FAIL"*) [ -n "$FAIL" ] && { echo "1 failed"; exit 1; } ;; esac\n'
                     'echo "1 passed"\n')
     fake.chmod(0o755)
@@ -47,14 +48,16 @@ def test_serving_steps_run_only_when_named(tmp_path):
     default = tmp_path / "default"
     default.mkdir()
     proc, calls = run(default)  # no steps named: the default list, without the serving session
-    # 14 steps; correctness-full runs five processes, `kernels` kernels_check.sh (build, smoke,
-    # pytest: 3 calls), prefill-fa2 two
-    assert proc.returncode == 0 and len(calls) == 21
-    # the whole correctness grid first (what #4 still has to show), then SM120's prefill plan, the runner
-    assert all("test_layerwise_correctness.py" in c and "--basetemp" in c for c in calls[:5])
-    assert calls[5].startswith("benchmarks/bench_runner.py") and "--configs layerwise_fa2_prefill" in calls[5]
-    assert "test_layerwise_correctness.py" in calls[6] and calls[7].startswith("benchmarks/bench_runner.py")
-    assert "--configs layerwise_zero_copy" in calls[8]
+    # 15 steps; correctness-full runs five processes, correctness-alone two, `kernels`
+    # kernels_check.sh (build, smoke, pytest: 3 calls), prefill-fa2 two
+    assert proc.returncode == 0 and len(calls) == 23
+    # the whole correctness grid first (what #4 still has to show), one model alone twice, then
+    # SM120's prefill plan, the runner
+    assert all("test_layerwise_correctness.py" in c and "--basetemp" in c for c in calls[:7])
+    assert calls[5].endswith("-k deepseek_v2-bf16") and calls[6].endswith("-k deepseek_v2-bf16 [lean=0]")
+    assert calls[7].startswith("benchmarks/bench_runner.py") and "--configs layerwise_fa2_prefill" in calls[7]
+    assert "test_layerwise_correctness.py" in calls[8] and calls[9].startswith("benchmarks/bench_runner.py")
+    assert "--configs layerwise_zero_copy" in calls[10]
     assert not {c.split()[0] for c in calls} & {"benchmarks/bench_serving_matrix.py", "benchmarks/soak.py"}
 
 
@@ -163,3 +166,15 @@ def test_full_grid_step_runs_each_model_in_its_own_process_and_reports_each_fail
     text = SCRIPT.read_text()
     block = text[text.index("    correctness-full)"):text.index("    eager-warmup)")]
     assert "SGLANG_SM120_GPU_QUICK" not in block and "SGLANG_SM120_GPU_MAX_TOKENS=" in block
+
+
+def test_alone_step_runs_one_model_alone_then_with_upstreams_moe(tmp_path, monkeypatch):
+    monkeypatch.delenv("SGLANG_SM120_LEAN_MOE", raising=False)
+    proc, calls = run(tmp_path, "correctness-alone")
+    assert proc.returncode == 0, proc.stdout
+    assert calls[0].endswith("-k deepseek_v2-bf16") and calls[1].endswith("-k deepseek_v2-bf16 [lean=0]")
+    assert calls[0].split("--basetemp ")[1].split()[0] != calls[1].split("--basetemp ")[1].split()[0]
+    assert (tmp_path / "res" / "correctness-alone-deepseek_v2-bf16-upstream-moe.log").is_file()
+    text = SCRIPT.read_text()
+    block = text[text.index("    correctness-alone)"):text.index("    eager-warmup)")]
+    assert "SGLANG_SM120_GPU_QUICK" not in block  # the whole grid

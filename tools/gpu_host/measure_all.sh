@@ -37,6 +37,10 @@
 #                all at once on the one GPU (KV pools capped by SGLANG_SM120_GPU_MAX_TOKENS), and
 #                $CORRECTNESS_FULL_ZERO_COPY_MODELS (default qwen3_moe-bf16) beside them under
 #                SGLANG_SM120_LAYERWISE_ZERO_COPY=1 -> RESULTS/full-grid/[zero-copy/]     2400 each
+#   correctness-alone  the whole grid of $CORRECTNESS_ALONE_K (default deepseek_v2-bf16, whose bs-1
+#                cells diverged under both layerwise modes in session 10's shared-GPU run) with
+#                nothing else on the GPU, then again with upstream's MoE path (SGLANG_SM120_LEAN_MOE=0)
+#                -> RESULTS/alone/, RESULTS/alone-upstream-moe/                                   900 each
 #   eager-warmup bench_runner.py --diagnose-eager-warmup: where upstream's graphs-disabled
 #                warmup spends its time on a tiny MoE (stacks every 15 s)                        450
 # Not in the default list (a serving session of their own, ~25 min, issue 6):
@@ -63,8 +67,8 @@ cd "$(dirname "$0")/../.."
 [ $# -ge 1 ] || { sed -n '2,/^set -uo/p' "$0" | sed '$d' >&2; exit 2; }
 RES=$(mkdir -p "$1" && cd "$1" && pwd); shift
 STEPS=("$@")
-[ ${#STEPS[@]} -gt 0 ] || STEPS=(correctness-full prefill-fa2 runner zero-copy traps kernels fp4 lean-moe prefill-profile correctness graph-memory fp4-ncu moe-profile eager-warmup)
-KNOWN="lean-moe kernels fp4 fp4-ncu graph-memory runner prefill-profile prefill-fa2 zero-copy moe-profile traps correctness correctness-full eager-warmup client-ceiling serving soak serving-diag serving-soak serving-tw4"
+[ ${#STEPS[@]} -gt 0 ] || STEPS=(correctness-full correctness-alone prefill-fa2 runner zero-copy traps kernels fp4 lean-moe prefill-profile correctness graph-memory fp4-ncu moe-profile eager-warmup)
+KNOWN="lean-moe kernels fp4 fp4-ncu graph-memory runner prefill-profile prefill-fa2 zero-copy moe-profile traps correctness correctness-full correctness-alone eager-warmup client-ceiling serving soak serving-diag serving-soak serving-tw4"
 for s in "${STEPS[@]}"; do  # all checked before the first one starts
   case " $KNOWN " in *" $s "*) ;; *) echo "measure_all.sh: unknown step $s ($KNOWN)"; exit 2 ;; esac
 done
@@ -152,6 +156,16 @@ for s in "${STEPS[@]}"; do
       done
       wait
       for f in "$RES"/full-grid/*.failed; do [ -e "$f" ] && FAILED+=("correctness-full-$(basename "$f" .failed)"); done ;;
+    correctness-alone)  # one process at a time: is a divergence the GPU's sharing, or the lean MoE?
+      mkdir -p "$RES/alone" "$RES/alone-upstream-moe"
+      for k in ${CORRECTNESS_ALONE_K:-deepseek_v2-bf16}; do
+        SGLANG_SM120_TINY_DIR=/tmp/sm120-tiny SGLANG_SM120_RESULTS_DIR="$RES/alone" \
+          step "correctness-alone-$k" 900 "$PY" -m pytest -m gpu -q -p no:cacheprovider \
+          --basetemp "/tmp/sm120-alone-$k" test/gpu/test_layerwise_correctness.py -k "$k"
+        SGLANG_SM120_LEAN_MOE=0 SGLANG_SM120_TINY_DIR=/tmp/sm120-tiny SGLANG_SM120_RESULTS_DIR="$RES/alone-upstream-moe" \
+          step "correctness-alone-$k-upstream-moe" 900 "$PY" -m pytest -m gpu -q -p no:cacheprovider \
+          --basetemp "/tmp/sm120-alone-$k-upstream-moe" test/gpu/test_layerwise_correctness.py -k "$k"
+      done ;;
     eager-warmup)
       step eager-warmup 450 "$PY" benchmarks/bench_runner.py --diagnose-eager-warmup --timeout 400 \
         --results-dir "$RES" --workdir "$RES/eager-warmup-work"
