@@ -372,19 +372,25 @@ def test_split_k_workspace_reused_across_plans(K):
     # H200 failure: their tickets lay in an earlier plan's partial area).
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     ws = torch.zeros((8 << 20) + (256 << 10), dtype=torch.uint8, device="cuda")
-    for n, k, m in ((384, 320, 1), (16384, 2048, 1), (5120, 2048, 128), (640, 2048, 1024), (6144, 256, 128)):
-        plan = K.w4a16_plan(m, n, k, sms, workspace_bytes=ws.numel())
+    # (N, K, M, split target): 0 = the default plan. The 128-tile case names the pre-session-9
+    # target (2 CTAs per SM) because the default no longer splits tiles that fill the SMs, and
+    # this test is about a > 64-tile plan that splits.
+    cases = ((384, 320, 1, 0), (16384, 2048, 1, 2 * sms), (5120, 2048, 128, 0), (640, 2048, 1024, 0),
+             (6144, 256, 128, 0))
+    for n, k, m, target in cases:
+        plan = K.w4a16_plan(m, n, k, sms, workspace_bytes=ws.numel(), split_target=target)
         ws[plan["partial_offset"]:].fill_(0xA5)
         q = _weight(n, k, n + m)
         pw = K.pack_weight(q["weight"], q["weight_scale"], q["weight_scale_2"])
         wd = _exact_dequant(q["weight"], q["weight_scale"], q["weight_scale_2"])
         x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
-        y = K.gemm_w4a16(x, pw, workspace_buf=ws)
+        y = K.gemm_w4a16(x, pw, workspace_buf=ws, split_target=target)
         _assert_close(y, x.float() @ wd.t(), x.float().abs() @ wd.abs().t(),
                       f"reused workspace M={m} N={n} K={k} splits={plan['splits']} tiles={plan['n_ctas'] * plan['m_blocks']}")
         tickets = ws[: plan["ticket_region_bytes"]].view(torch.int32)
         assert int((tickets != 0).sum()) == 0, f"M={m} N={n} K={k}: split-K tickets not reset"
-    assert K.w4a16_plan(1, 16384, 2048, sms)["splits"] > 1  # a > 64-tile plan really splits
+    big = K.w4a16_plan(1, 16384, 2048, sms, split_target=2 * sms)
+    assert big["n_ctas"] * big["m_blocks"] > 64 and big["splits"] > 1  # a > 64-tile plan really splits
 
 
 def test_nan_in_activations_stays_in_its_row(K):
