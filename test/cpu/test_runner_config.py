@@ -101,6 +101,30 @@ def test_finalize_falls_back_per_phase_on_unsupported_features(caplog):
     assert C.DYNAMO_FREE_ENV not in os.environ
 
 
+def test_a_fallback_prefill_backend_obeys_upstreams_rules_for_it(caplog):
+    # An MLA model falls back from layerwise prefill; upstream disables its default (breakable)
+    # prefill graphs for MLA, and skips that rule when the operator named the backend, so the
+    # fallback must apply it: the control (upstream alone) runs that prefill eagerly.
+    sa = _args(locked={("prefill", "backend")}, use_mla_backend=lambda: True)
+    seen = []
+
+    def rule(name):
+        def apply():
+            seen.append(name)
+            sa.cuda_graph_config.prefill.backend = "disabled"
+        return apply
+
+    for backend, name in C._UPSTREAM_PREFILL_RULES.items():
+        setattr(sa, name, rule(backend))
+    with caplog.at_level("WARNING"):
+        res = C.finalize(sa)
+    assert seen == [C._upstream_default("prefill")]
+    assert sa.cuda_graph_config.prefill.backend == "disabled"
+    assert res.prefill is None and res.fallbacks == {"prefill": ["MLA attention (prefill)"]}
+    assert "prefill phase uses 'disabled' instead" in caplog.text
+    assert sa.cuda_graph_config.decode.backend == "layerwise"  # decode keeps layerwise
+
+
 def test_env_switches_follow_the_latest_server_args():
     """The first H200 run: the graphs-disabled reference ran before the layerwise engine, so it
     used torch.compile'd MoE helpers while layerwise used the eager ones, and every later engine
@@ -193,7 +217,7 @@ _SCENARIOS = textwrap.dedent(
     # on the overlay's logger: sglang re-configures the root logger while resolving args
     logging.getLogger("sglang.sm120").addHandler(H())
     logging.getLogger("sglang.sm120").setLevel(logging.INFO)
-    model = sys.argv[1]
+    model, mla_model = sys.argv[1], sys.argv[2]
     base = ["--model-path", model, "--device", "cuda", "--skip-tokenizer-init",
             "--attention-backend", "flashinfer", "--load-format", "dummy"]
     scenarios = {
@@ -207,9 +231,17 @@ _SCENARIOS = textwrap.dedent(
         "compile": ["--cuda-graph-backend-decode", "layerwise", "--enable-torch-compile"],
         "alias": ["--enable-piecewise-cuda-graph"],
         "badkey": ["--cuda-graph-config", '{"decode":{"backend":"layerwise","bogus":1}}'],
+        "mla": ["--model-path", mla_model, "--cuda-graph-backend-decode", "layerwise",
+                "--cuda-graph-backend-prefill", "layerwise"],
+        "mla_upstream": ["--model-path", mla_model, "--cuda-graph-backend-decode", "full"],
     }
+    # The MLA scenarios resolve prefill as on a CUDA host (breakable is upstream's default there;
+    # this process sees no GPU, where the default would be tc_piecewise).
+    import sglang.srt.model_executor.cuda_graph_config as cgc
+    host_default = cgc.default_prefill_backend
     out = {}
     for name, argv in scenarios.items():
+        cgc.default_prefill_backend = (lambda: "breakable") if name.startswith("mla") else host_default
         records.clear()
         for k in ("SGLANG_SM120_DYNAMO_FREE", "SGLANG_FLASHINFER_WORKSPACE_SIZE"):
             os.environ.pop(k, None)
@@ -265,16 +297,21 @@ def patched_tree(tmp_path_factory):
     (root / "sglang" / "sm120").symlink_to(REPO / "python" / "sglang" / "sm120")
     model = tmp_path_factory.mktemp("qwen3_30b_shapes")
     (model / "config.json").write_text(json.dumps(_QWEN3_30B_CONFIG))
-    return root, model
+    from sglang.sm120.tiny import spec
+
+    mla_model = tmp_path_factory.mktemp("tiny_deepseek_v2")
+    mla_config = spec.hf_config(spec.default_spec("deepseek_v2"), {"bos": 1, "eos": 2, "pad": 0})
+    (mla_model / "config.json").write_text(json.dumps(mla_config))
+    return root, model, mla_model
 
 
 @pytest.fixture(scope="module")
 def scenarios(patched_tree):
-    root, model = patched_tree
+    root, model, mla_model = patched_tree
     env = dict(os.environ, PYTHONPATH=str(root), CUDA_VISIBLE_DEVICES="")
     env.pop("SGLANG_SM120_DYNAMO_FREE", None)
     proc = subprocess.run(
-        [sys.executable, "-c", _SCENARIOS, str(model)],
+        [sys.executable, "-c", _SCENARIOS, str(model), str(mla_model)],
         env=env, capture_output=True, text=True, timeout=600,
     )
     line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")), None)
@@ -313,6 +350,16 @@ def test_server_args_unsupported_feature_falls_back(scenarios):
     r = scenarios["compile"]
     assert r["decode"]["backend"] == "full" and r["dynamo_free"] is None
     assert any("--enable-torch-compile" in m for m in r["log"])
+
+
+def test_server_args_mla_prefill_falls_back_to_what_upstream_resolves(scenarios):
+    # upstream alone (the correctness control) disables breakable prefill for MLA; layerwise's
+    # prefill fallback must land on the same backend, with layerwise decode kept
+    upstream, ours = scenarios["mla_upstream"], scenarios["mla"]
+    assert upstream["prefill"]["backend"] == "disabled", upstream
+    assert ours["prefill"]["backend"] == upstream["prefill"]["backend"]
+    assert ours["decode"]["backend"] == "layerwise"
+    assert any("MLA attention (prefill)" in m and "uses 'disabled'" in m for m in ours["log"]), ours["log"]
 
 
 def test_server_args_bad_json_key_names_the_argument(scenarios):

@@ -120,6 +120,33 @@ def _upstream_default(phase: str) -> str:
         return "breakable"
 
 
+# Upstream's per-backend prefill rules (ServerArgs._apply_cuda_graph_compatibility). They log their
+# own warning and set the prefill backend to 'disabled'.
+_UPSTREAM_PREFILL_RULES = {
+    "breakable": "_disable_breakable_cudagraph_if_incompatible",
+    "tc_piecewise": "_disable_tc_piecewise_cudagraph_if_incompatible",
+    "full": "_disable_full_prefill_cudagraph_if_incompatible",
+}
+
+
+def _fall_back(sa, cfg, phase: str) -> str:
+    """Give `phase` the backend upstream would have resolved for this configuration.
+
+    Upstream skips its compatibility rules when the operator named the prefill backend
+    (--cuda-graph-backend-prefill layerwise does), and they ran before this hook anyway; so the
+    fallback backend is checked here against upstream's own rules for it. Without this an MLA
+    model got 'breakable' prefill graphs, which upstream disables for MLA ("MLA prefill takes a
+    different attn-forward path under BCG"): session 10's deepseek_v2 divergence at batch 1, where
+    upstream's own graphs (the control) ran that prefill eagerly (docs/runner.md 5.10)."""
+    backend = _upstream_default(phase)
+    getattr(cfg, phase).backend = backend
+    if phase == PREFILL:
+        rule = getattr(sa, _UPSTREAM_PREFILL_RULES.get(backend, ""), None)
+        if callable(rule):
+            rule()
+    return getattr(cfg, phase).backend
+
+
 def _cta_tile_q(packed_qo_len: int, head_dim: int) -> int:
     # FlashInfer's FA2DetermineCtaTileQ, which sizes the split-kv scratch of a captured plan.
     if packed_qo_len > 64 and head_dim < 256:
@@ -228,12 +255,11 @@ def finalize(sa) -> Optional[Resolution]:
     for phase in phases:
         reasons = incompatibilities(sa, phase)
         if reasons:
-            fallback = _upstream_default(phase)
+            fallback = _fall_back(sa, cfg, phase)
             logger.warning(
                 "layerwise CUDA graphs do not support %s yet; %s phase uses %r instead",
                 ", ".join(reasons), phase, fallback,
             )
-            getattr(cfg, phase).backend = fallback
             fallbacks[phase] = reasons
     locked = _locked(sa)
     max_running = _get(sa, "max_running_requests", None)
