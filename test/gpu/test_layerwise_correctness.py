@@ -110,8 +110,8 @@ def mode_kwargs(mode: str, arch: str) -> dict:
     if mode == "disabled":
         return dict(cuda_graph_backend_decode="disabled", cuda_graph_backend_prefill="disabled")
     if mode == "full":
-        # Layerwise prefill is modeled on upstream's fixed-slot 'full' prefill; MLA keeps
-        # upstream's default prefill under layerwise too (docs/runner.md 3.1).
+        # Layerwise prefill is modeled on upstream's fixed-slot 'full' prefill; for MLA layerwise
+        # falls back to the prefill upstream resolves (disabled), as here (docs/runner.md 5.10).
         kw = dict(cuda_graph_backend_decode="full")
         if arch == "qwen3_moe":
             buckets, slots = control_prefill_plan()

@@ -247,9 +247,9 @@ def finalize(sa) -> Optional[Resolution]:
     logger.warning(
         "layerwise CUDA graphs are EXPERIMENTAL in this release: on the H200 they decode 1.9-2.1x "
         "faster than eager above the full-graph ceiling, with 55-70 us of host time per eager MoE "
-        "layer, and give the greedy tokens of upstream's own CUDA graphs where both run the same "
-        "kernels; one tiny MLA model still diverged at batch 1 in the last full check "
-        "(docs/runner.md 5.9); phases: %s", ", ".join(phases),
+        "layer, and give the greedy tokens of upstream's own CUDA graphs prompt for prompt where "
+        "both run the same kernels (four tiny models, 4,461 prompts each); not yet run under "
+        "tensor parallelism or on real weights (docs/runner.md 5.10); phases: %s", ", ".join(phases),
     )
     fallbacks = {}
     for phase in phases:
