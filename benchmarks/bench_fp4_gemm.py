@@ -447,8 +447,8 @@ def write_md(path, meta, rows, targets, extra, est, tuning):
           "`PDL+cluster` also reduces split-K in a thread-block cluster (plans of 2..8 splits).",
           "",
           "`split a/b/c/d` = PDL us with split targets 0.25x / 0.5x / 1x / 2x SMs (`ours PDL` is the default: "
-          "no split where the tiles fill 3/4 of the SMs, else 2x for weights >= 8 MB, else 1x at M <= 16 and 0.5x "
-          "above; before session 9 it was 2x). "
+          "no split where the tiles fill 3/4 of the SMs, or 1/3 of them with K <= 512 (since session 11), else 2x "
+          "for weights >= 8 MB, else 1x at M <= 16 and 0.5x above; before session 9 it was 2x). "
           f"`{other_warps()} warps` = the same kernel with {other_warps()} warps per 128-row CTA (default "
           f"{K.WARPS_DEFAULT}; the same bits): plain / PDL / PDL at the 0.5x split.",
           "",
@@ -533,9 +533,10 @@ def main():
     tuning = [] if (args.no_tune or args.quick or over_budget) else tune_splits(props.multi_processor_count, meta["reps"], log)
     targets, extra = summarize(rows, marlin_reason)
     meta["w4a16_warps_default"] = K.WARPS_DEFAULT
-    meta["w4a16_default_split_target"] = ("no split where the output tiles fill 3/4 of the SMs, else 2x SMs for "
-                                          "weights >= 8 MB (packed + scales), else 1x SMs at M <= 16 and 0.5x "
-                                          "above (csrc/kernels.h, since session 9; 2x SMs before)")
+    meta["w4a16_default_split_target"] = ("no split where the output tiles fill 3/4 of the SMs, or 1/3 of them "
+                                          "with K <= 512 (since session 11), else 2x SMs for weights >= 8 MB "
+                                          "(packed + scales), else 1x SMs at M <= 16 and 0.5x above "
+                                          "(csrc/kernels.h, since session 9; 2x SMs before)")
     targets_other, _ = summarize(rows_with_warps(rows, other_warps()), marlin_reason)
     extra[f"targets_with_{other_warps()}_warps"] = {k: v["value"] for k, v in targets_other.items()}
     extra[f"time_{other_warps()}w_vs_{K.WARPS_DEFAULT}w_geomean"] = {

@@ -352,6 +352,7 @@ cudaError_t launch_w4a16_warps(int m_tiles, dim3 grid, cudaStream_t stream, bool
 
 int64_t default_split_target_w4a16(int M, int N, int K, int sm_count, int64_t tiles) {
   if (4 * tiles >= 3 * (int64_t)sm_count) return tiles;  // one split
+  if (K <= kW4A16ShortK && 3 * tiles >= (int64_t)sm_count) return tiles;  // one split
   const int64_t weight_bytes = (int64_t)N * K / 2 + (int64_t)N * K / 16;  // e2m1 + e4m3 scales
   if (weight_bytes >= kW4A16LargeWeightBytes) return 2 * (int64_t)sm_count;
   const int64_t target = M <= 16 ? sm_count : sm_count / 2;

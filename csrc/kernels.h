@@ -89,7 +89,12 @@ constexpr int64_t kW4A16MaxTicketTiles = kW4A16TicketRegionBytes / sizeof(int);
 // (a split's hand-off costs more than the extra CTAs give); otherwise a weight of >= 8 MB (packed
 // FP4 + scales) needs 2 CTAs per SM in flight to stream, and a smaller one 1 per SM at M <= 16 and
 // 1 per 2 SMs above (where M > 64 already multiplies the tiles by its token blocks).
+// Short K (session 11, fitted on session 10's table): with K <= 512 a tile streams in well under
+// a microsecond, so once the tiles fill a third of the SMs the split's hand-off (partials through
+// L2, a ticket, the last CTA's loads: 0.3-1.1 us there) costs more than it saves; unsplit was
+// 0.72-0.93x the split time on every such row (glm5 kv_b / shared down at TP 4 and 8, M 1..128).
 constexpr int64_t kW4A16LargeWeightBytes = 8000000;
+constexpr int kW4A16ShortK = 512;
 int64_t default_split_target_w4a16(int M, int N, int K, int sm_count, int64_t tiles);
 // cluster: reduce the splits of a tile inside one thread-block cluster where they fit in one.
 W4A16Plan plan_w4a16(int M, int N, int K, int sm_count, size_t workspace_bytes, int split_target,

@@ -291,7 +291,8 @@ def test_w4a16_default_split_target_follows_the_tiles_the_weight_size_and_m(buil
         for m in GEMM_MS:
             p = plan(m, n, k, sms)
             tiles = p["n_ctas"] * p["m_blocks"]
-            want = tiles if 4 * tiles >= 3 * sms else 2 * sms if large else sms if m <= 16 else sms // 2
+            unsplit = 4 * tiles >= 3 * sms or (k <= 512 and 3 * tiles >= sms)
+            want = tiles if unsplit else 2 * sms if large else sms if m <= 16 else sms // 2
             assert p["split_target"] == want, (m, n, k, p)
             explicit = plan(m, n, k, sms, split_target=want)
             assert p == explicit, (m, n, k)  # the default is exactly that target's plan
@@ -300,6 +301,10 @@ def test_w4a16_default_split_target_follows_the_tiles_the_weight_size_and_m(buil
                 assert p["splits"] == 1, (m, n, k, p)
     assert seen == {"tiles", 2, 1, -1}  # every branch of the rule is exercised by the test shapes
     assert plan(1, 6144, 16384, sms)["splits"] > plan(1, 6144, 2048, sms)["splits"]  # 56 MB vs 7 MB
+    # short K: glm5 shared down at TP 8 (48 tiles, K 256) stays unsplit once its tiles fill a third
+    # of the SMs; the same tiles with K 2048 split
+    assert plan(1, 6144, 2048, sms)["splits"] > 1
+    assert (plan(1, 6144, 256, sms)["splits"] == 1) == (3 * 48 >= sms)
 
 
 @pytest.mark.parametrize("sms", [132, 188])
