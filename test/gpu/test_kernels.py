@@ -269,7 +269,7 @@ def test_pdl_chain_in_a_graph_matches_plain_launches(K, m):
 
 
 CLUSTER_CASES = [(5120, 2048, 1), (5120, 2048, 16), (2624, 6144, 8), (16384, 2048, 1), (2048, 4096, 32),
-                 (5120, 2048, 64), (3584, 512, 16), (384, 320, 3)]  # (3584, 512): short K that still splits
+                 (5120, 2048, 64), (3584, 512, 16), (384, 320, 3)]  # (3584, 512): short K, 28 tiles, still splits
 
 
 @pytest.mark.parametrize("n,k,m", CLUSTER_CASES, ids=[f"N{n}-K{k}-M{m}" for n, k, m in CLUSTER_CASES])
@@ -373,8 +373,8 @@ def test_split_k_workspace_reused_across_plans(K):
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     ws = torch.zeros((8 << 20) + (256 << 10), dtype=torch.uint8, device="cuda")
     # (N, K, M, split target): 0 = the default plan. The 128- and 96-tile cases name the
-    # pre-session-9 target (2 CTAs per SM) because the default no longer splits them (tiles that
-    # fill the SMs; short K since session 11), and this test is about > 64-tile plans that split.
+    # pre-session-9 target (2 CTAs per SM): since session 9 the default splits neither (tiles that
+    # fill the SMs; 96 tiles at M > 16), and this test is about > 64-tile plans that split.
     cases = ((384, 320, 1, 0), (16384, 2048, 1, 2 * sms), (5120, 2048, 128, 0), (640, 2048, 1024, 0),
              (6144, 256, 128, 2 * sms))
     for n, k, m, target in cases:
