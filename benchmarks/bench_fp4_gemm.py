@@ -217,13 +217,11 @@ def bench_shape(name, n, k, ms, l2, copy_bw, floor_us, marlin, reps, log):
         # weights during the previous call's tail: reported beside it, not used for the targets.
         r["ours_us"] = time_ops([lambda p=p: K.gemm_w4a16(x, p, pdl=False) for p in pws], reps)
         r["ours_pdl_us"] = time_ops([lambda p=p: K.gemm_w4a16(x, p, pdl=True) for p in pws], reps)
-        # the other warp count per 128-row CTA (same bits): plain, PDL, and PDL at the 0.5x split
-        w = other_warps()
-        r[f"ours_{w}w_us"] = time_ops([lambda p=p: K.gemm_w4a16(x, p, pdl=False, warps=w) for p in pws], reps)
-        r[f"ours_{w}w_pdl_us"] = time_ops([lambda p=p: K.gemm_w4a16(x, p, pdl=True, warps=w) for p in pws], reps)
-        r[f"ours_{w}w_half_target_pdl_us"] = time_ops(
-            [lambda p=p: K.gemm_w4a16(x, p, pdl=True, warps=w, split_target=max(1, SPLIT_TARGET_OF["0.5x"](sms)))
-             for p in pws], reps)
+        # both warp counts per 128-row CTA (same bits), whichever the default picked for this weight
+        r["default_warps"] = K.w4a16_warps(n, k)
+        for w in WARP_COUNTS:
+            r[f"ours_{w}w_us"] = time_ops([lambda p=p: K.gemm_w4a16(x, p, pdl=False, warps=w) for p in pws], reps)
+            r[f"ours_{w}w_pdl_us"] = time_ops([lambda p=p: K.gemm_w4a16(x, p, pdl=True, warps=w) for p in pws], reps)
         # split-K reduced in a thread-block cluster (where the plan has 2..8 splits), PDL on
         r["ours_cluster_pdl_us"] = time_ops([lambda p=p: K.gemm_w4a16(x, p, pdl=True, cluster=True) for p in pws], reps)
         r["cluster_plan"] = K.w4a16_plan(m, n, k, sms, cluster=True)["cluster"]
@@ -271,9 +269,7 @@ def bench_shape(name, n, k, ms, l2, copy_bw, floor_us, marlin, reps, log):
     return rows
 
 
-def other_warps():
-    """The W4A16 warp count per CTA that is not the default (both are timed on every row)."""
-    return 8 if K.WARPS_DEFAULT == 4 else 4
+WARP_COUNTS = (4, 8)  # W4A16 warps per 128-row CTA; the default picks one per weight (K.w4a16_warps)
 
 
 def set_speedups(r):
@@ -284,10 +280,8 @@ def set_speedups(r):
 
 
 def rows_with_warps(rows, warps):
-    """The rows with `ours` (plain and PDL) taken from the other warp count's columns, the metrics
-    the targets read recomputed: the targets as they would be with that default."""
-    if warps == K.WARPS_DEFAULT:
-        return rows
+    """The rows with `ours` (plain and PDL) taken from one warp count's columns, the metrics the
+    targets read recomputed: the targets as they would be with that warp count everywhere."""
     out = []
     for r in rows:
         if f"ours_{warps}w_us" not in r:
@@ -319,11 +313,13 @@ def add_floor_bounds(r, floor_us, copy_bw):
 # CTAs per SM; the default (split_target 0) is csrc/kernels.h's rule (no split where the tiles fill
 # 3/4 of the SMs, else 2x for weights >= 8 MB, else 1x at M <= 16 and 0.5x above).
 SPLIT_TARGET_OF = {"none": lambda sms: 1, "0.25x": lambda sms: sms // 4, "0.5x": lambda sms: sms // 2,
-                   "1x": lambda sms: sms, "2x": lambda sms: 2 * sms, "4x": lambda sms: 4 * sms,
-                   "8x": lambda sms: 8 * sms}
+                   "1x": lambda sms: sms, "2x": lambda sms: 2 * sms, "3x": lambda sms: 3 * sms,
+                   "4x": lambda sms: 4 * sms, "8x": lambda sms: 8 * sms}
 SPLIT_TARGETS = tuple((k, SPLIT_TARGET_OF[k]) for k in ("none", "0.5x", "1x", "2x", "4x", "8x"))
-# timed on every row beside the default, PDL launch (2x: the default before session 9)
-ROW_SPLIT_TARGETS = tuple((k, SPLIT_TARGET_OF[k]) for k in ("0.25x", "0.5x", "1x", "2x"))
+# timed on every row beside the default, PDL launch (2x: the default before session 9; 3x and 4x
+# since session 12, when the split-K reduction got cheaper)
+ROW_SPLIT_TARGETS = tuple((k, SPLIT_TARGET_OF[k]) for k in ("0.25x", "0.5x", "1x", "2x", "3x", "4x"))
+ROW_SPLIT_LABELS = "/".join(k for k, _ in ROW_SPLIT_TARGETS)
 
 
 def tune_splits(sms, reps, log):
@@ -414,10 +410,10 @@ def summarize(rows, marlin_reason):
     return targets, extra
 
 
-def other_cols(r):
-    w = other_warps()
-    keys = (f"ours_{w}w_us", f"ours_{w}w_pdl_us", f"ours_{w}w_half_target_pdl_us")
-    return "/".join(f"{r[k]:.2f}" for k in keys) if all(k in r for k in keys) else ""
+def warps_cols(r):
+    """`4w plain/PDL | 8w plain/PDL`, the default's count marked with *."""
+    return " / ".join(f"{w}w{'*' if r.get('default_warps') == w else ''} {r[f'ours_{w}w_us']:.2f}/{r[f'ours_{w}w_pdl_us']:.2f}"
+                      for w in WARP_COUNTS if f"ours_{w}w_us" in r)
 
 
 def write_md(path, meta, rows, targets, extra, est, tuning):
@@ -446,19 +442,19 @@ def write_md(path, meta, rows, targets, extra, est, tuning):
           "dependent launch, whose weight prefetch overlaps the previous call's tail in this back-to-back chain; "
           "`PDL+cluster` also reduces split-K in a thread-block cluster (plans of 2..8 splits).",
           "",
-          "`split a/b/c/d` = PDL us with split targets 0.25x / 0.5x / 1x / 2x SMs (`ours PDL` is the default: "
+          f"`split {ROW_SPLIT_LABELS}` = PDL us with those split targets in SMs (`ours PDL` is the default: "
           "no split where the tiles fill 3/4 of the SMs, or 1/3 of them with K <= 512 (since session 11), else 2x "
           "for weights >= 8 MB, else 1x at M <= 16 and 0.5x above; before session 9 it was 2x). "
-          f"`{other_warps()} warps` = the same kernel with {other_warps()} warps per 128-row CTA (default "
-          f"{K.WARPS_DEFAULT}; the same bits): plain / PDL / PDL at the 0.5x split.",
+          "`warps` = plain/PDL us with 4 and with 8 warps per 128-row CTA (the same bits); `*` marks the "
+          f"count the default ran (SGLANG_SM120_W4A16_WARPS={K.WARPS_DEFAULT}: 8 below 8 MB of weight, else 4).",
           "",
-          f"| shape | N | K | M | ours us | BW % | at floor us | ours PDL us | split 0.25x/0.5x/1x/2x | {other_warps()} warps | PDL+cluster us | bf16 us | x bf16 | Marlin us | x Marlin | W4A4 us |",
+          f"| shape | N | K | M | ours us | BW % | at floor us | ours PDL us | split {ROW_SPLIT_LABELS} | warps | PDL+cluster us | bf16 us | x bf16 | Marlin us | x Marlin | W4A4 us |",
           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         sweep = "/".join(f"{r['split_target_pdl_us'][lb]:.2f}" for lb, _ in ROW_SPLIT_TARGETS
                          if lb in r.get("split_target_pdl_us", {}))
         L.append(f"| {r['shape']} | {r['N']} | {r['K']} | {r['M']} | {r['ours_us']:.2f} | {r['ours_bw_pct']:.1f} | "
-                 f"{r['at_floor_us']:.2f} | {r['ours_pdl_us']:.2f} | {sweep} | {other_cols(r)} | {r['ours_cluster_pdl_us']:.2f}{'' if r['cluster_plan'] else ' (no cluster)'} | "
+                 f"{r['at_floor_us']:.2f} | {r['ours_pdl_us']:.2f} | {sweep} | {warps_cols(r)} | {r['ours_cluster_pdl_us']:.2f}{'' if r['cluster_plan'] else ' (no cluster)'} | "
                  f"{r['bf16_us']:.2f} | {r['speedup_vs_bf16']:.2f} | "
                  f"{'%.2f' % r['marlin_us'] if r['marlin_us'] else 'n/a'} | "
                  f"{'%.2f' % r['speedup_vs_marlin'] if r['speedup_vs_marlin'] else 'n/a'} | "
@@ -537,11 +533,13 @@ def main():
                                           "with K <= 512 (since session 11), else 2x SMs for weights >= 8 MB "
                                           "(packed + scales), else 1x SMs at M <= 16 and 0.5x above "
                                           "(csrc/kernels.h, since session 9; 2x SMs before)")
-    targets_other, _ = summarize(rows_with_warps(rows, other_warps()), marlin_reason)
-    extra[f"targets_with_{other_warps()}_warps"] = {k: v["value"] for k, v in targets_other.items()}
-    extra[f"time_{other_warps()}w_vs_{K.WARPS_DEFAULT}w_geomean"] = {
-        f"m{lo}_{hi}": _geomean([r[f"ours_{other_warps()}w_us"] / r["ours_us"] for r in rows
-                                 if lo <= r["M"] <= hi and f"ours_{other_warps()}w_us" in r])
+    targets_by_warps = {"default": targets}
+    for w in WARP_COUNTS:
+        targets_by_warps[str(w)], _ = summarize(rows_with_warps(rows, w), marlin_reason)
+        extra[f"targets_with_{w}_warps"] = {k: v["value"] for k, v in targets_by_warps[str(w)].items()}
+    extra["time_8w_vs_4w_geomean"] = {
+        f"m{lo}_{hi}": _geomean([r["ours_8w_us"] / r["ours_4w_us"] for r in rows
+                                 if lo <= r["M"] <= hi and "ours_8w_us" in r and "ours_4w_us" in r])
         for lo, hi in ((1, 8), (16, 16), (32, 128))}
     # SM120 estimate: roofline + the fixed per-call overhead measured here for our kernel (the smallest
     # time at M=1 minus its bandwidth time), so tiny shapes are not credited with zero overhead.
@@ -558,7 +556,7 @@ def main():
                     "(bf16: 2*N*K + ...). Assumes both kernels reach the roofline; no SM120 GPU was used."),
            "fixed_overhead_us": overhead, "rows": est_rows}
     result = {"meta": meta, "targets": targets, "summary": extra,
-              "targets_by_warps": {str(K.WARPS_DEFAULT): targets, str(other_warps()): targets_other}, "rows": rows, "sm120_estimate": est,
+              "targets_by_warps": targets_by_warps, "rows": rows, "sm120_estimate": est,
               "split_target_sweep": tuning, "elapsed_s": round(time.time() - t0, 1)}
     args.results_dir.mkdir(parents=True, exist_ok=True)
     jpath = args.results_dir / f"fp4-gemm-{date}.json"

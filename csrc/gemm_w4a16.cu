@@ -28,6 +28,25 @@
 namespace sm120 {
 namespace {
 
+#ifdef SM120_W4A16_TIMELINE
+// Diagnostics build only (tools/gpu_host/w4a16_timeline.cu; never in the library): thread 0 of
+// every CTA stamps the global timer at the milestones of a call, so the probe can say where a
+// small call's microseconds go (first bytes, compute, split-K hand-off, reduction).
+__device__ W4A16Stamps* g_w4a16_stamps;  // null: no stamps
+#define SM120_W4A16_STAMP(k)                                                                   \
+  do {                                                                                         \
+    if (g_w4a16_stamps != nullptr && threadIdx.x == 0) {                                       \
+      unsigned long long now;                                                                  \
+      asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));                                  \
+      W4A16Stamps& st = g_w4a16_stamps[blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z)]; \
+      st.t[k] = now;                                                                           \
+      if ((k) == 0) asm volatile("mov.u32 %0, %%smid;" : "=r"(st.smid));                      \
+    }                                                                                          \
+  } while (0)
+#else
+#define SM120_W4A16_STAMP(k) ((void)0)
+#endif
+
 template <int M_TILES, int WARPS>
 struct W4A16Traits {
   static_assert(WARPS == 4 || WARPS == 8, "4 or 8 warps per 128-row CTA");
@@ -79,6 +98,7 @@ __global__ void __launch_bounds__(32 * WARPS) gemm_w4a16_kernel(const W4A16Param
   __shared__ __align__(128) uint8_t smem[T::kStages * T::kStageBytes];
   __shared__ int s_is_last;
 
+  SM120_W4A16_STAMP(0);
   const int tid = threadIdx.x;
   const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
   const int group = blockIdx.x;
@@ -226,6 +246,7 @@ __global__ void __launch_bounds__(32 * WARPS) gemm_w4a16_kernel(const W4A16Param
   for (int it = 0; it < n_stages; ++it) {
     cp_async_wait<T::kStages - 2>();
     __syncthreads();
+    if (it == 0) SM120_W4A16_STAMP(1);
     if (it + T::kStages - 1 < n_stages) load_stage(it + T::kStages - 1, write_buf, LoadAll{});
     cp_async_commit();
     compute(read_buf);
@@ -233,6 +254,7 @@ __global__ void __launch_bounds__(32 * WARPS) gemm_w4a16_kernel(const W4A16Param
     write_buf = write_buf + 1 == T::kStages ? 0 : write_buf + 1;
   }
   cp_async_wait<0>();
+  SM120_W4A16_STAMP(2);
   // Every load of this grid is in; the next grid may start prefetching its own weights.
   pdl_launch_dependents();
 
@@ -257,9 +279,12 @@ __global__ void __launch_bounds__(32 * WARPS) gemm_w4a16_kernel(const W4A16Param
 
   // One store for all three paths (it is long: per-element bounds and bias), so one copy of it.
   float sum[T::kTilesPerWarp][M_TILES][4] = {};
-  // Unrolled so the partial loads of several splits are in flight at once (one round trip per
-  // group of splits instead of per split); fewer at large M tiles, where they cost registers.
-  constexpr int kSumUnroll = M_TILES <= 2 ? 4 : M_TILES == 4 ? 2 : 1;
+  // A thread's partial of one split is kTilesPerWarp * M_TILES float4s (one per MMA accumulator),
+  // stored as [accumulator][thread] so every warp access is 512 contiguous bytes. The sum is
+  // unrolled so up to 16 float4 loads (several splits) are in flight at once: one L2 round trip
+  // per group of splits instead of per split (at M tile 8, 16 splits: 2 instead of 4).
+  constexpr int kPartVecs = T::kTilesPerWarp * M_TILES;
+  constexpr int kSumUnroll = 16 / kPartVecs > 8 ? 8 : 16 / kPartVecs > 1 ? 16 / kPartVecs : 1;
   if (p.splits == 1) {
 #pragma unroll
     for (int i = 0; i < T::kTilesPerWarp; ++i)
@@ -296,35 +321,50 @@ __global__ void __launch_bounds__(32 * WARPS) gemm_w4a16_kernel(const W4A16Param
     if (split != 0) return;
   } else {
     const int64_t tile_id = (int64_t)blockIdx.z * gridDim.x + blockIdx.x;
-    float* mine = p.partial + (tile_id * p.splits + split) * T::kTileElems;
+    float4* mine = reinterpret_cast<float4*>(p.partial + (tile_id * p.splits + split) * T::kTileElems);
 #pragma unroll
     for (int i = 0; i < T::kTilesPerWarp; ++i)
 #pragma unroll
       for (int mt = 0; mt < M_TILES; ++mt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e)
-          __stcg(mine + ((i * M_TILES + mt) * 4 + e) * T::kThreads + tid, acc[i][mt][e]);
+        __stcg(mine + (i * M_TILES + mt) * T::kThreads + tid,
+               make_float4(acc[i][mt][0], acc[i][mt][1], acc[i][mt][2], acc[i][mt][3]));
     // Hand-off as in CUTLASS's GenericBarrier: the CTA barrier orders every thread's partial stores
     // before thread 0's release; thread 0's acquire plus the barrier order the last CTA's loads
     // after every other CTA's release. No per-thread fence.sc (MEMBAR.SC.GPU) on this path.
     __syncthreads();
     if (tid == 0) s_is_last = (atomic_add_acq_rel_gpu(p.tickets + tile_id, 1) == p.splits - 1);
     __syncthreads();
+    SM120_W4A16_STAMP(3);
     if (!s_is_last) return;
-#pragma unroll kSumUnroll
-    for (int s = 0; s < p.splits; ++s) {
-      const float* part = p.partial + (tile_id * p.splits + s) * T::kTileElems;
+    // Groups of kSumUnroll splits: every load of a group is issued before its adds, including the
+    // last, partial group (a compiler remainder loop would take one round trip per split there).
+    const float4* parts = reinterpret_cast<const float4*>(p.partial + tile_id * p.splits * T::kTileElems);
+    for (int s0 = 0; s0 < p.splits; s0 += kSumUnroll) {
+      float4 v[kSumUnroll][kPartVecs];
 #pragma unroll
-      for (int i = 0; i < T::kTilesPerWarp; ++i)
+      for (int u = 0; u < kSumUnroll; ++u)
+        if (s0 + u < p.splits)
 #pragma unroll
-        for (int mt = 0; mt < M_TILES; ++mt)
+          for (int q = 0; q < kPartVecs; ++q)
+            v[u][q] = __ldcg(parts + ((int64_t)(s0 + u) * kPartVecs + q) * T::kThreads + tid);
 #pragma unroll
-          for (int e = 0; e < 4; ++e)
-            sum[i][mt][e] += __ldcg(part + ((i * M_TILES + mt) * 4 + e) * T::kThreads + tid);
+      for (int u = 0; u < kSumUnroll; ++u)
+        if (s0 + u < p.splits)
+#pragma unroll
+          for (int i = 0; i < T::kTilesPerWarp; ++i)
+#pragma unroll
+            for (int mt = 0; mt < M_TILES; ++mt) {
+              const float4 w = v[u][i * M_TILES + mt];
+              sum[i][mt][0] += w.x;
+              sum[i][mt][1] += w.y;
+              sum[i][mt][2] += w.z;
+              sum[i][mt][3] += w.w;
+            }
     }
     if (tid == 0) p.tickets[tile_id] = 0;  // ready for the next launch on this workspace
   }
   store(sum);
+  SM120_W4A16_STAMP(4);
 }
 
 constexpr int tile_elems(int m_tiles) { return 128 * 2 * m_tiles * 4; }
@@ -438,5 +478,11 @@ int launch_gemm_w4a16(const void* x, const void* qweight, const void* scales,
   }
   return check_launch("gemm_w4a16");
 }
+
+#ifdef SM120_W4A16_TIMELINE
+cudaError_t w4a16_attach_stamps(W4A16Stamps* device_buffer) {
+  return cudaMemcpyToSymbol(g_w4a16_stamps, &device_buffer, sizeof(device_buffer));
+}
+#endif
 
 }  // namespace sm120

@@ -105,6 +105,17 @@ int launch_gemm_w4a16(const void* x, const void* qweight, const void* scales,
                       void* workspace, size_t workspace_bytes, const W4A16Plan& plan, bool pdl,
                       bool eight_warps, cudaStream_t stream);
 
+#ifdef SM120_W4A16_TIMELINE
+// Diagnostics build only: per-CTA global-timer stamps of the W4A16 kernel (entry, first stage in
+// shared memory, last stage computed, split-K ticket taken, output stored; 0 = not reached).
+struct W4A16Stamps {
+  unsigned long long t[5];
+  unsigned smid;
+};
+// Stamps go to device_buffer[CTA index] from the next launch on (nullptr: off).
+cudaError_t w4a16_attach_stamps(W4A16Stamps* device_buffer);
+#endif
+
 int launch_gemm_w4a4(const void* xq, const void* x_scales, const float* input_scale,
                      const void* qweight, const void* w_scales, const float* weight_scale_2,
                      const void* bias, void* y, int M, int N, int K, bool hardware_mma,

@@ -178,3 +178,19 @@ def test_alone_step_runs_one_model_alone_then_with_upstreams_moe(tmp_path, monke
     text = SCRIPT.read_text()
     block = text[text.index("    correctness-alone)"):text.index("    eager-warmup)")]
     assert "SGLANG_SM120_GPU_QUICK" not in block  # the whole grid
+
+
+def test_fp4_ab_step_needs_the_old_library(tmp_path):
+    proc, calls = run(tmp_path, "fp4-ab")
+    assert proc.returncode == 1 and "set FP4_AB_OLD_LIB" in proc.stdout and calls == []
+
+
+def test_fp4_ab_step_times_new_old_new_on_every_shape_then_compares(tmp_path, monkeypatch):
+    monkeypatch.setenv("FP4_AB_OLD_LIB", "/old/lib")
+    proc, calls = run(tmp_path, "fp4-ab")
+    assert proc.returncode == 0, proc.stdout
+    ab = tmp_path / "res" / "fp4-ab"
+    assert [c.split()[0] for c in calls] == ["benchmarks/bench_fp4_gemm.py"] * 3 + ["benchmarks/compare_fp4.py"]
+    assert [c.split("--results-dir ")[1] for c in calls[:3]] == [str(ab / r) for r in ("new1", "old", "new2")]
+    assert all("--no-tune --shapes  " in c for c in calls[:3])  # "" = every shape
+    assert "--base " + str(ab / "old") in calls[3]

@@ -124,6 +124,10 @@ def test_w4a16_prefetches_weights_before_the_pdl_wait_and_has_no_sc_fence(built,
             m_tiles, warps = map(int, re.search(r"ILi(\d)ELi(\d)E", name).groups())
             assert body.count("LDG.E.U16") == 4 * m_tiles * (8 // warps), (
                 arch, name, "one copy of the output store (bias loads per element)")
+            # split-K partials move as one float4 per MMA accumulator (session 12), both ways
+            assert body.count("STG.E.128.STRONG.GPU") == m_tiles * (8 // warps), (arch, name)
+            assert "LDG.E.128.STRONG.GPU" in body and "LDG.E.STRONG.GPU" not in body, (arch, name)
+            assert "GLOBALTIMER" not in body, (arch, name, "timeline stamps are for the probe build only")
 
 
 def test_no_kernel_reads_an_unwritten_uniform_register(built, cuobjdump):

@@ -11,6 +11,10 @@
 #   kernels      tools/gpu_host/kernels_check.sh without its quick benchmark: build csrc here, the
 #                smoke test (compute-sanitizer on failure), test_kernels.py -> RESULTS/kernels-check/ 600
 #   fp4          benchmarks/bench_fp4_gemm.py (ours plain/PDL vs bf16 vs Marlin, split sweep)   300
+#   fp4-ab       tools/gpu_host/fp4_ab.sh: $FP4_AB_OLD_LIB (with $FP4_AB_OLD_ENV) against this tree's
+#                library, every shape, new/old/new in one call -> RESULTS/fp4-ab/compare.md       400
+#   w4a16-timeline  tools/gpu_host/w4a16_timeline.cu built here with the stamps on: per-CTA phases of
+#                small W4A16 calls (first bytes, compute, split-K hand-off, reduction)            120
 #   fp4-ncu      Nsight Compute on one launch per case of tools/gpu_host/profile_w4a16.py (W4A16
 #                at M 1/16 with the default and the 0.5x-SMs split plans, cuBLAS bf16 beside them):
 #                stall reasons, occupancy, DRAM throughput -> RESULTS/fp4-ncu.txt               300
@@ -68,7 +72,7 @@ cd "$(dirname "$0")/../.."
 RES=$(mkdir -p "$1" && cd "$1" && pwd); shift
 STEPS=("$@")
 [ ${#STEPS[@]} -gt 0 ] || STEPS=(correctness-full correctness-alone prefill-fa2 runner zero-copy traps kernels fp4 lean-moe prefill-profile correctness graph-memory fp4-ncu moe-profile eager-warmup)
-KNOWN="lean-moe kernels fp4 fp4-ncu graph-memory runner prefill-profile prefill-fa2 zero-copy moe-profile traps correctness correctness-full correctness-alone eager-warmup client-ceiling serving soak serving-diag serving-soak serving-tw4"
+KNOWN="lean-moe kernels fp4 fp4-ab w4a16-timeline fp4-ncu graph-memory runner prefill-profile prefill-fa2 zero-copy moe-profile traps correctness correctness-full correctness-alone eager-warmup client-ceiling serving soak serving-diag serving-soak serving-tw4"
 for s in "${STEPS[@]}"; do  # all checked before the first one starts
   case " $KNOWN " in *" $s "*) ;; *) echo "measure_all.sh: unknown step $s ($KNOWN)"; exit 2 ;; esac
 done
@@ -93,6 +97,17 @@ for s in "${STEPS[@]}"; do
     kernels)  # a new library replaces the one SGLANG_SM120_KERNEL_LIB points at for the later steps
       OUT="$RES/kernels-check" BENCH_CAP=0 step kernels 600 bash tools/gpu_host/kernels_check.sh ;;
     fp4) step fp4 300 "$PY" benchmarks/bench_fp4_gemm.py --max-seconds 200 --results-dir "$RES" ;;
+    fp4-ab)
+      if [ -z "${FP4_AB_OLD_LIB:-}" ]; then
+        say "fp4-ab: set FP4_AB_OLD_LIB to the library to compare against"; FAILED+=(fp4-ab)
+      else
+        OLD_ENV="${FP4_AB_OLD_ENV:-}" step fp4-ab 400 bash tools/gpu_host/fp4_ab.sh "$FP4_AB_OLD_LIB" \
+          "$SGLANG_SM120_KERNEL_LIB" "$RES/fp4-ab" ""
+      fi ;;
+    w4a16-timeline)
+      step w4a16-timeline 120 bash -c '"${CUDA_HOME:-/usr/local/cuda}/bin/nvcc" -O3 -std=c++17 -DSM120_W4A16_TIMELINE -gencode arch=compute_90a,code=sm_90a \
+          -Icsrc csrc/*.cu tools/gpu_host/w4a16_timeline.cu -o "$1/w4a16_timeline" && "$1/w4a16_timeline" $2' _ "$RES" \
+          "${W4A16_TIMELINE_CASES:-640,2048,1 640,2048,1,66 512,6144,1 512,6144,1,66 7168,512,1 6144,256,8 2048,4096,1 16384,2048,1 6144,16384,1}" ;;
     fp4-ncu)
       NCU="${NCU:-$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -n 1)}"
       if [ -z "$NCU" ]; then

@@ -41,13 +41,33 @@ def _warps(value, name: str) -> int:
     except (TypeError, ValueError):
         warps = None
     if warps not in _W4A16_WARPS:
-        raise ValueError(f"{name} must be 4 or 8 (warps per 128-row CTA of the W4A16 GEMM), got {value!r}")
+        what = "4, 8 or auto" if name.startswith("SGLANG_") else "4 or 8"
+        raise ValueError(f"{name} must be {what} (warps per 128-row CTA of the W4A16 GEMM), got {value!r}")
     return warps
 
 
 # Warps per 128-row CTA of the W4A16 GEMM: 4 (two 16-row tiles each) or 8 (one each; twice the
-# warps per SM for the same grid, the same bits); SGLANG_SM120_W4A16_WARPS sets the default.
-WARPS_DEFAULT = _warps(os.environ.get("SGLANG_SM120_W4A16_WARPS", "4"), "SGLANG_SM120_W4A16_WARPS")
+# warps per SM for the same grid, the same bits). The default, "auto" (session 12): 8 for weights
+# under W4A16_LARGE_WEIGHT_BYTES, 4 from there on: on the H200 8 warps took 0.83-1.01x the time of
+# 4 on every small weight timed (plain launches) and 1.02-1.21x on the large ones (docs/kernels.md).
+# SGLANG_SM120_W4A16_WARPS=4, 8 or auto sets the default.
+W4A16_LARGE_WEIGHT_BYTES = 8_000_000  # kW4A16LargeWeightBytes in csrc/kernels.h (a CPU test checks)
+
+
+def _warps_setting(value, name: str):
+    return "auto" if value == "auto" else _warps(value, name)
+
+
+WARPS_DEFAULT = _warps_setting(os.environ.get("SGLANG_SM120_W4A16_WARPS", "auto"), "SGLANG_SM120_W4A16_WARPS")
+
+
+def w4a16_warps(n: int, k: int, warps: Optional[int] = None) -> int:
+    """The warps per CTA a W4A16 call on an [n, k] weight runs with: `warps` if given, else the
+    default (SGLANG_SM120_W4A16_WARPS; "auto" picks by the weight's bytes, packed e2m1 + scales)."""
+    setting = WARPS_DEFAULT if warps is None else _warps(warps, "warps")
+    if setting != "auto":
+        return setting
+    return 8 if n * k // 2 + n * k // 16 < W4A16_LARGE_WEIGHT_BYTES else 4
 _ws_lock = threading.Lock()
 _workspaces: dict = {}
 
@@ -206,9 +226,10 @@ def gemm_w4a16(x: torch.Tensor, weight: PackedWeight, *, bias: Optional[torch.Te
     cluster: reduce up to 8 splits inside a thread-block cluster (None:
     $SGLANG_SM120_W4A16_CLUSTER, default off); more splits still go through the workspace.
     Both reductions sum in the same order: the results are bit-identical.
-    warps: 4 or 8 per 128-row CTA (None: $SGLANG_SM120_W4A16_WARPS, default 4); the same bits.
+    warps: 4 or 8 per 128-row CTA (None: $SGLANG_SM120_W4A16_WARPS, default auto: w4a16_warps);
+    the same bits.
     """
-    warps = WARPS_DEFAULT if warps is None else _warps(warps, "warps")
+    warps = None if warps is None else _warps(warps, "warps")  # None: resolved per weight at launch
     _tensor("x", x, _BF16, dim=2)
     dev = x.device
     _check_weight(weight, dev)
@@ -231,8 +252,9 @@ def gemm_w4a16(x: torch.Tensor, weight: PackedWeight, *, bias: Optional[torch.Te
 
 
 def _launch_w4a16(x, weight: PackedWeight, bias, y, workspace_buf, split_target: int = 0,
-                  pdl: bool = PDL_DEFAULT, cluster: bool = CLUSTER_DEFAULT, warps: int = WARPS_DEFAULT) -> None:
+                  pdl: bool = PDL_DEFAULT, cluster: bool = CLUSTER_DEFAULT, warps: Optional[int] = None) -> None:
     dev = x.device
+    warps = w4a16_warps(weight.n, weight.k, warps)
     flags = (_FLAG_PDL if pdl else 0) | (_FLAG_CLUSTER if cluster else 0) | (_FLAG_EIGHT_WARPS if warps == 8 else 0)
     rc = _lib.load().sm120_gemm_w4a16(dev.index, _ptr(x), _ptr(weight.qweight), _ptr(weight.scales),
                                       _ptr(weight.weight_scale_2), _ptr(bias), _ptr(y), x.shape[0], weight.n,
