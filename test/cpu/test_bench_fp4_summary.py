@@ -78,3 +78,14 @@ def test_targets_with_each_warp_count_read_its_columns(bench):
     targets, _ = bench.summarize([q], None)
     assert targets["speedup_vs_marlin_m_le_16_min"]["value"] == pytest.approx(2.0)
     assert "8w* 5.50/5.00" in bench.warps_cols(dict(r, default_warps=8))
+
+def test_first_graph_excess_is_reported_per_op(bench):
+    rows = [{"first_graph": {"op": "ours", "us": 5.3, "excess_us": 0.3}},
+            {"first_graph": {"op": "marlin", "us": 6.4, "excess_us": 0.4}},
+            {"first_graph": {"op": "ours", "us": 5.5, "excess_us": 0.5}},
+            {"first_graph": {"op": "marlin", "us": 6.0}},  # Marlin failed later in that row: no excess
+            {}]
+    out = bench.first_graph_excess(rows)
+    assert out["ours"] == {"median_us": 0.4, "rows": 2}
+    assert out["marlin"] == {"median_us": 0.4, "rows": 1}
+    assert bench.first_graph_excess([{}]) == {"ours": None, "marlin": None}

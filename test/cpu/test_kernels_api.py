@@ -36,19 +36,13 @@ def test_env_sets_the_default_and_a_bad_value_names_the_variable():
     assert bad.returncode != 0 and "SGLANG_SM120_W4A16_WARPS must be 4, 8 or auto" in bad.stderr
 
 
-def test_auto_warps_split_at_the_kernels_large_weight_threshold(monkeypatch):
+def test_auto_warps_are_8_for_the_16_token_tile_only(monkeypatch):
     from sglang.sm120.kernels import ops
 
-    # the same constant as the split-K rule's in csrc/kernels.h
-    assert f"kW4A16LargeWeightBytes = {ops.W4A16_LARGE_WEIGHT_BYTES}" in (REPO / "csrc" / "kernels.h").read_text()
     monkeypatch.setattr(ops, "WARPS_DEFAULT", "auto")
-    assert ops.w4a16_warps(640, 2048) == 8  # qwen3 qkv tp8: 0.74 MB packed + scales
-    assert ops.w4a16_warps(6144, 2048) == 8  # glm5 o_proj tp8: 7.08 MB
-    assert ops.w4a16_warps(6144, 4096) == 4  # glm5 o_proj tp4: 14.2 MB
-    # K = 2048: 1152 bytes per row, so 6944 rows are 7,999,488 bytes (8 warps) and 6960 8,017,920 (4)
-    assert ops.w4a16_warps(6944, 2048) == 8 and ops.w4a16_warps(6960, 2048) == 4
-    assert ops.w4a16_warps(6144, 2048, 4) == 4 and ops.w4a16_warps(16384, 2048, 8) == 8  # explicit wins
+    assert [ops.w4a16_warps(m) for m in (1, 8, 9, 16, 17, 32, 64, 1024)] == [4, 4, 8, 8, 4, 4, 4, 4]
+    assert ops.w4a16_warps(12, 4) == 4 and ops.w4a16_warps(1, 8) == 8  # an explicit count wins
     monkeypatch.setattr(ops, "WARPS_DEFAULT", 4)
-    assert ops.w4a16_warps(640, 2048) == 4
+    assert ops.w4a16_warps(16) == 4
     with pytest.raises(ValueError, match="warps must be 4 or 8"):
-        ops.w4a16_warps(640, 2048, 6)
+        ops.w4a16_warps(16, 6)

@@ -47,11 +47,11 @@ def _warps(value, name: str) -> int:
 
 
 # Warps per 128-row CTA of the W4A16 GEMM: 4 (two 16-row tiles each) or 8 (one each; twice the
-# warps per SM for the same grid, the same bits). The default, "auto" (session 12): 8 for weights
-# under W4A16_LARGE_WEIGHT_BYTES, 4 from there on: on the H200 8 warps took 0.83-1.01x the time of
-# 4 on every small weight timed (plain launches) and 1.02-1.21x on the large ones (docs/kernels.md).
+# warps per SM for the same grid, the same bits). The default, "auto" (session 12): 8 for the
+# 16-token M tile (9 <= M <= 16), 4 otherwise. On the H200, 3 runs x 22 shapes, 8 warps took 0.95x
+# the time of 4 at M = 16 (faster on 19 of 22 shapes, by 2-14%; 3-11% slower on the three N = 6144
+# shapes with 3-6 splits) and 1.00-1.04x at every other M (docs/kernels.md, session 12).
 # SGLANG_SM120_W4A16_WARPS=4, 8 or auto sets the default.
-W4A16_LARGE_WEIGHT_BYTES = 8_000_000  # kW4A16LargeWeightBytes in csrc/kernels.h (a CPU test checks)
 
 
 def _warps_setting(value, name: str):
@@ -61,13 +61,13 @@ def _warps_setting(value, name: str):
 WARPS_DEFAULT = _warps_setting(os.environ.get("SGLANG_SM120_W4A16_WARPS", "auto"), "SGLANG_SM120_W4A16_WARPS")
 
 
-def w4a16_warps(n: int, k: int, warps: Optional[int] = None) -> int:
-    """The warps per CTA a W4A16 call on an [n, k] weight runs with: `warps` if given, else the
-    default (SGLANG_SM120_W4A16_WARPS; "auto" picks by the weight's bytes, packed e2m1 + scales)."""
+def w4a16_warps(m: int, warps: Optional[int] = None) -> int:
+    """The warps per CTA a W4A16 call with M tokens runs with: `warps` if given, else the default
+    (SGLANG_SM120_W4A16_WARPS; "auto": 8 for the 16-token M tile, 9 <= M <= 16, else 4)."""
     setting = WARPS_DEFAULT if warps is None else _warps(warps, "warps")
     if setting != "auto":
         return setting
-    return 8 if n * k // 2 + n * k // 16 < W4A16_LARGE_WEIGHT_BYTES else 4
+    return 8 if 8 < m <= 16 else 4
 _ws_lock = threading.Lock()
 _workspaces: dict = {}
 
@@ -254,7 +254,7 @@ def gemm_w4a16(x: torch.Tensor, weight: PackedWeight, *, bias: Optional[torch.Te
 def _launch_w4a16(x, weight: PackedWeight, bias, y, workspace_buf, split_target: int = 0,
                   pdl: bool = PDL_DEFAULT, cluster: bool = CLUSTER_DEFAULT, warps: Optional[int] = None) -> None:
     dev = x.device
-    warps = w4a16_warps(weight.n, weight.k, warps)
+    warps = w4a16_warps(x.shape[0], warps)
     flags = (_FLAG_PDL if pdl else 0) | (_FLAG_CLUSTER if cluster else 0) | (_FLAG_EIGHT_WARPS if warps == 8 else 0)
     rc = _lib.load().sm120_gemm_w4a16(dev.index, _ptr(x), _ptr(weight.qweight), _ptr(weight.scales),
                                       _ptr(weight.weight_scale_2), _ptr(bias), _ptr(y), x.shape[0], weight.n,
