@@ -343,3 +343,34 @@ def test_w4a16_unknown_flags_are_refused(built):
     assert b"unknown flags 0x8" in lib.sm120_last_error()
     # 1 | 2 | 4 (PDL, cluster reduce, eight warps) are known
     assert lib.sm120_w4a16_plan(1, 512, 512, 132, ctypes.c_size_t(WORKSPACE), 0, 7, o, ctypes.byref(need)) == 0
+
+
+@pytest.mark.parametrize("sms", [132, 188])
+def test_w4a16_split_shrinks_to_the_most_splits_whose_partials_fit(built, sms):
+    """A plan whose partials overflow the workspace keeps the largest split count that fits (not half
+    of its wanted count): glm5 o_proj tp1 (6144 x 16384) at M = 64 wants 6 splits at 132 SMs, and 5
+    of its 32 KB partial tiles x 48 tiles fit the 8 MB workspace."""
+    _, out, _ = built
+    plan = _plan_fn(out / kb.LIBRARY_NAME)
+    shrunk = 0
+    for n, k in GEMM_SHAPES:
+        for m in GEMM_MS:
+            p = plan(m, n, k, sms)
+            if p["splits"] == 1 or p["cluster"]:
+                continue
+            tiles = p["n_ctas"] * p["m_blocks"]
+            fits = lambda s: p["partial_offset"] + tiles * s * p["partial_tile_bytes"] <= WORKSPACE  # noqa: E731
+            assert fits(p["splits"]), (m, n, k, p)
+            n_chunks = -(-k // 64)
+            wanted = min(-(-p["split_target"] // tiles), max(1, n_chunks // 2))  # >= 128 K per split
+            cps_unit = 2 if p["m_tiles"] <= 2 else 1
+            wanted = -(-n_chunks // (-(-(-(-n_chunks // wanted)) // cps_unit) * cps_unit))  # whole stages
+            if wanted > p["splits"]:  # shrunk: one more split (after the chunk rounding) must not fit
+                shrunk += 1
+                s = p["splits"] + 1
+                cps = -(-(-(-n_chunks // s)) // cps_unit) * cps_unit
+                more = -(-n_chunks // cps)
+                assert more == p["splits"] or not fits(more), (m, n, k, p, more)
+    assert shrunk > 0  # the shapes reach the workspace limit
+    if sms == 132:
+        assert plan(64, 6144, 16384, sms)["splits"] == 5 and plan(128, 6144, 16384, sms)["splits"] == 2
