@@ -30,33 +30,10 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO / "python") not in sys.path:
     sys.path.insert(0, str(REPO / "python"))
 sys.path.insert(0, str(REPO / "benchmarks"))
+from _overlay import import_kernels  # noqa: E402
 from _results import commit  # noqa: E402
 
-
-def _import_overlay():
-    """This checkout's sglang.sm120 even where an sglang without it (upstream) or with an older copy
-    (an installed fork wheel) shadows python/sglang."""
-    try:
-        from sglang.sm120 import kernels, nvfp4
-        return kernels, nvfp4
-    except ImportError:
-        pass
-    import importlib
-
-    import sglang
-
-    overlay = REPO / "python" / "sglang"
-    if str(overlay) not in list(sglang.__path__):
-        sglang.__path__.insert(0, str(overlay))
-    sm120 = importlib.import_module("sglang.sm120")
-    if str(overlay / "sm120") not in list(sm120.__path__):
-        sm120.__path__.insert(0, str(overlay / "sm120"))
-    for name in [m for m in sys.modules if m.startswith("sglang.sm120.")]:
-        del sys.modules[name]
-    return importlib.import_module("sglang.sm120.kernels"), importlib.import_module("sglang.sm120.nvfp4")
-
-
-K, F = _import_overlay()
+K, F = import_kernels()  # this checkout's, over an installed sglang's
 
 MS = [1, 2, 4, 8, 16, 32, 64, 128]
 TARGET_BW_PCT = 80.0
@@ -210,7 +187,7 @@ def bench_shape(name, n, k, ms, l2, copy_bw, floor_us, marlin, reps, log):
     inv = (1.0 / in_s)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     rows = []
-    for row_index, m in enumerate(ms):
+    for m in ms:
         x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
         r = {"shape": name, "N": n, "K": k, "M": m, "weight_fp4_bytes": int(wbytes)}
 
@@ -220,17 +197,13 @@ def bench_shape(name, n, k, ms, l2, copy_bw, floor_us, marlin, reps, log):
                                       weight_global_scale=L.weight_global_scale, workspace=L.workspace,
                                       size_n=n, size_k=k) for L in marlin_layers]
 
-        # The first graph timed in a row runs plain launches ~0.34 us per call slower than the same
-        # ops timed later in that row (session 12: 1.047x median over every row, PDL 1.000x), which
-        # had put that penalty on `ours`, always timed first. A warm-up graph now takes the first
-        # slot and is discarded; it alternates between ours and Marlin by row, and its excess over
-        # the same op's timing below is kept, so the penalty is shown for either op.
-        warm_op = "marlin" if marlin_layers is not None and row_index % 2 else "ours"
-        try:
-            warm_ops = marlin_ops() if warm_op == "marlin" else [lambda p=p: K.gemm_w4a16(x, p, pdl=False) for p in pws]
-            r["first_graph"] = {"op": warm_op, "us": time_ops(warm_ops, reps)}
-        except Exception as exc:  # Marlin failing here fails it again below, with its reason kept
-            log(f"  first-graph warm-up ({warm_op}) failed for {name}: {type(exc).__name__}: {exc}")
+        # Order matters for plain launches: on small weights a plain graph timed right after a PDL
+        # graph runs ~0.3 us per call faster than one timed after a plain graph (H200, session 12,
+        # tools/gpu_host/fp4_order_probe.py). `ours` and Marlin, which the Marlin target compares, are
+        # each timed right after a plain graph: `ours` first in its row (after the previous row's last
+        # graph, Marlin or bf16, or the launch floor's chain), Marlin last (after bf16 or W4A4). bf16
+        # follows the split sweep's PDL graphs, the 4/8-warp plain columns follow PDL graphs too:
+        # compare those with each other only.
         # Targets use the plain launch. With PDL each call of the back-to-back chain prefetches its
         # weights during the previous call's tail: reported beside it, not used for the targets.
         r["ours_us"] = time_ops([lambda p=p: K.gemm_w4a16(x, p, pdl=False) for p in pws], reps)
@@ -271,9 +244,6 @@ def bench_shape(name, n, k, ms, l2, copy_bw, floor_us, marlin, reps, log):
         r["ours_pdl_bw_pct"] = 100.0 * fp4_bytes(n, k, m) / (r["ours_pdl_us"] * 1e-6) / copy_bw
         r["bf16_bw_pct"] = 100.0 * bf16_bytes(n, k, m) / (r["bf16_us"] * 1e-6) / copy_bw
         set_speedups(r)
-        fg = r.get("first_graph")
-        if fg and r.get(f"{fg['op']}_us"):
-            fg["excess_us"] = fg["us"] - r[f"{fg['op']}_us"]
         r["speedup_vs_bf16_cluster_pdl"] = r["bf16_us"] / r["ours_cluster_pdl_us"]
         add_floor_bounds(r, floor_us, copy_bw)
         rows.append(r)
@@ -294,22 +264,6 @@ def set_speedups(r):
     r["speedup_vs_bf16"] = r["bf16_us"] / r["ours_us"]
     r["speedup_vs_bf16_pdl"] = r["bf16_us"] / r["ours_pdl_us"]
     r["speedup_vs_marlin"] = r["marlin_us"] / r["ours_us"] if r.get("marlin_us") else None
-
-
-def rows_with_warps(rows, warps):
-    """The rows with `ours` (plain and PDL) taken from one warp count's columns, the metrics the
-    targets read recomputed: the targets as they would be with that warp count everywhere."""
-    out = []
-    for r in rows:
-        if f"ours_{warps}w_us" not in r:
-            continue
-        q = dict(r, ours_us=r[f"ours_{warps}w_us"], ours_pdl_us=r[f"ours_{warps}w_pdl_us"])
-        scale = r["ours_us"] / q["ours_us"]
-        q["ours_bw_pct"] = r["ours_bw_pct"] * scale
-        q["ours_pdl_bw_pct"] = r["ours_pdl_bw_pct"] * r["ours_pdl_us"] / q["ours_pdl_us"]
-        set_speedups(q)
-        out.append(q)
-    return out
 
 
 
@@ -433,17 +387,6 @@ def warps_cols(r):
                       for w in WARP_COUNTS if f"ours_{w}w_us" in r)
 
 
-def first_graph_excess(rows):
-    """Per op that took the discarded first slot of its rows: the median of (first graph - the same op
-    timed later in the row), us per call, and on how many rows."""
-    out = {}
-    for op in ("ours", "marlin"):
-        xs = [r["first_graph"]["excess_us"] for r in rows
-              if r.get("first_graph", {}).get("op") == op and "excess_us" in r["first_graph"]]
-        out[op] = {"median_us": round(statistics.median(xs), 3), "rows": len(xs)} if xs else None
-    return out
-
-
 def write_md(path, meta, rows, targets, extra, est, tuning):
     L = [f"# NVFP4 GEMM benchmark ({meta['date']})", "",
          f"- device: {meta['device']} ({meta['sm_count']} SMs, L2 {meta['l2_bytes'] >> 20} MB)",
@@ -561,15 +504,10 @@ def main():
                                           "with K <= 512 (since session 11), else 2x SMs for weights >= 8 MB "
                                           "(packed + scales), else 1x SMs at M <= 16 and 0.5x above "
                                           "(csrc/kernels.h, since session 9; 2x SMs before)")
-    targets_by_warps = {"default": targets}
-    for w in WARP_COUNTS:
-        targets_by_warps[str(w)], _ = summarize(rows_with_warps(rows, w), marlin_reason)
-        extra[f"targets_with_{w}_warps"] = {k: v["value"] for k, v in targets_by_warps[str(w)].items()}
     extra["time_8w_vs_4w_geomean"] = {
         f"m{lo}_{hi}": _geomean([r["ours_8w_us"] / r["ours_4w_us"] for r in rows
                                  if lo <= r["M"] <= hi and "ours_8w_us" in r and "ours_4w_us" in r])
         for lo, hi in ((1, 8), (16, 16), (32, 128))}
-    extra["first_graph_excess_us_median"] = first_graph_excess(rows)
     # SM120 estimate: roofline + the fixed per-call overhead measured here for our kernel (the smallest
     # time at M=1 minus its bandwidth time), so tiny shapes are not credited with zero overhead.
     m1 = [r for r in rows if r["M"] == 1]
@@ -585,7 +523,7 @@ def main():
                     "(bf16: 2*N*K + ...). Assumes both kernels reach the roofline; no SM120 GPU was used."),
            "fixed_overhead_us": overhead, "rows": est_rows}
     result = {"meta": meta, "targets": targets, "summary": extra,
-              "targets_by_warps": targets_by_warps, "rows": rows, "sm120_estimate": est,
+              "rows": rows, "sm120_estimate": est,
               "split_target_sweep": tuning, "elapsed_s": round(time.time() - t0, 1)}
     args.results_dir.mkdir(parents=True, exist_ok=True)
     jpath = args.results_dir / f"fp4-gemm-{date}.json"

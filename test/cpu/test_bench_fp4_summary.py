@@ -64,28 +64,10 @@ def test_split_sweep_summary_is_a_geomean_per_m_range(bench):
     assert extra["pdl_split_target_0.25x_vs_default_time_m16_16_geomean"] is None
 
 
-def test_targets_with_each_warp_count_read_its_columns(bench):
-    r = _row(bench, 16384, 2048, 1, ours=11.0, bf16=20.0, marlin=11.0)
-    r["ours_4w_us"], r["ours_4w_pdl_us"] = 11.0, 11.0
+def test_warps_columns_mark_the_count_the_default_ran(bench):
+    r = _row(bench, 16384, 2048, 16, ours=11.0, bf16=20.0, marlin=11.0)
+    r["ours_4w_us"], r["ours_4w_pdl_us"] = 11.0, 10.5
     r["ours_8w_us"], r["ours_8w_pdl_us"] = 5.5, 5.0
-    (q,) = bench.rows_with_warps([r], 8)
-    assert q["ours_us"] == 5.5 and q["speedup_vs_bf16"] == pytest.approx(20.0 / 5.5)
-    assert q["ours_bw_pct"] == pytest.approx(2 * r["ours_bw_pct"])
-    assert q["speedup_vs_marlin"] == pytest.approx(2.0) and r["speedup_vs_marlin"] == pytest.approx(1.0)
-    (q4,) = bench.rows_with_warps([r], 4)
-    assert q4["ours_us"] == 11.0 and q4["speedup_vs_marlin"] == pytest.approx(1.0)
-    assert bench.rows_with_warps([_row(bench, 512, 512, 1, ours=3.0, bf16=4.0, marlin=4.0)], 8) == []
-    targets, _ = bench.summarize([q], None)
-    assert targets["speedup_vs_marlin_m_le_16_min"]["value"] == pytest.approx(2.0)
-    assert "8w* 5.50/5.00" in bench.warps_cols(dict(r, default_warps=8))
-
-def test_first_graph_excess_is_reported_per_op(bench):
-    rows = [{"first_graph": {"op": "ours", "us": 5.3, "excess_us": 0.3}},
-            {"first_graph": {"op": "marlin", "us": 6.4, "excess_us": 0.4}},
-            {"first_graph": {"op": "ours", "us": 5.5, "excess_us": 0.5}},
-            {"first_graph": {"op": "marlin", "us": 6.0}},  # Marlin failed later in that row: no excess
-            {}]
-    out = bench.first_graph_excess(rows)
-    assert out["ours"] == {"median_us": 0.4, "rows": 2}
-    assert out["marlin"] == {"median_us": 0.4, "rows": 1}
-    assert bench.first_graph_excess([{}]) == {"ours": None, "marlin": None}
+    assert bench.warps_cols(dict(r, default_warps=8)) == "4w 11.00/10.50 / 8w* 5.50/5.00"
+    assert bench.warps_cols(dict(r, default_warps=4)) == "4w* 11.00/10.50 / 8w 5.50/5.00"
+    assert bench.warps_cols(_row(bench, 512, 512, 1, ours=3.0, bf16=4.0, marlin=4.0)) == ""

@@ -46,3 +46,16 @@ def test_auto_warps_are_8_for_the_16_token_tile_only(monkeypatch):
     assert ops.w4a16_warps(16) == 4
     with pytest.raises(ValueError, match="warps must be 4 or 8"):
         ops.w4a16_warps(16, 6)
+
+
+def test_benchmarks_import_this_checkouts_kernels_over_an_installed_sglang():
+    """benchmarks/_overlay.py: with the fork wheel installed (as in the test venv) ahead of
+    python/ on the path, the bench and the smoke test still get this checkout's kernels API."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    code = ("import sys; sys.path.insert(0, 'benchmarks'); import _overlay; "
+            "k, f = _overlay.import_kernels(); print(k.__file__); print(f.__file__)")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    for line in proc.stdout.split():
+        assert Path(line).resolve().is_relative_to((REPO / "python" / "sglang" / "sm120").resolve()), line

@@ -25,30 +25,10 @@ os.environ.setdefault("SGLANG_SM120_KERNEL_SYNC", "1")  # a fault is reported by
 
 import torch  # noqa: E402
 
+sys.path.insert(0, str(REPO / "benchmarks"))
+from _overlay import import_kernels  # noqa: E402
 
-def _import_overlay():
-    """This checkout's sglang.sm120, even where an installed sglang (or an older fork wheel) exists."""
-    import importlib
-
-    overlay = REPO / "python" / "sglang"
-    try:
-        import sglang
-    except ImportError:
-        sglang = None
-    if sglang is not None and overlay.resolve() not in [Path(d).resolve() for d in sglang.__path__]:
-        sglang.__path__.insert(0, str(overlay))
-        sm120 = importlib.import_module("sglang.sm120")  # may be the installed one, already imported
-        if str(overlay / "sm120") not in list(sm120.__path__):
-            sm120.__path__.insert(0, str(overlay / "sm120"))
-        for name in [n for n in sys.modules if n.startswith(("sglang.sm120.kernels", "sglang.sm120.nvfp4"))]:
-            del sys.modules[name]  # loaded from the installed copy: reload from the checkout
-    kernels, nvfp4 = importlib.import_module("sglang.sm120.kernels"), importlib.import_module("sglang.sm120.nvfp4")
-    if not Path(kernels.__file__).resolve().is_relative_to(overlay.resolve()):
-        raise SystemExit(f"smoke: error: imported {kernels.__file__}, not this checkout's {overlay}")
-    return kernels, nvfp4
-
-
-K, F = _import_overlay()
+K, F = import_kernels()  # this checkout's, over an installed sglang's
 
 
 def exact_dequant(packed, scales, decode_scale):
