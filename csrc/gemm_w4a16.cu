@@ -284,7 +284,8 @@ __global__ void __launch_bounds__(32 * WARPS) gemm_w4a16_kernel(const W4A16Param
   // unrolled so up to 16 float4 loads (several splits) are in flight at once: one L2 round trip
   // per group of splits instead of per split (at M tile 8, 16 splits: 2 instead of 4).
   constexpr int kPartVecs = T::kTilesPerWarp * M_TILES;
-  constexpr int kSumUnroll = 16 / kPartVecs > 8 ? 8 : 16 / kPartVecs > 1 ? 16 / kPartVecs : 1;
+  static_assert(kPartVecs <= 16, "at least one split per group");
+  constexpr int kSumUnroll = 16 / kPartVecs < 8 ? 16 / kPartVecs : 8;
   if (p.splits == 1) {
 #pragma unroll
     for (int i = 0; i < T::kTilesPerWarp; ++i)

@@ -35,13 +35,16 @@ _FLAG_PDL, _FLAG_CLUSTER, _FLAG_EIGHT_WARPS = 1, 2, 4  # kW4A16Pdl, ...ClusterRe
 _W4A16_WARPS = (4, 8)
 
 
-def _warps(value, name: str) -> int:
+def _warps(value, name: str, auto: bool = False):
+    """4 or 8 (or "auto" where `auto`), else a ValueError naming `name`."""
+    if auto and value == "auto":
+        return "auto"
     try:
         warps = int(value)
     except (TypeError, ValueError):
         warps = None
     if warps not in _W4A16_WARPS:
-        what = "4, 8 or auto" if name.startswith("SGLANG_") else "4 or 8"
+        what = "4, 8 or auto" if auto else "4 or 8"
         raise ValueError(f"{name} must be {what} (warps per 128-row CTA of the W4A16 GEMM), got {value!r}")
     return warps
 
@@ -52,13 +55,7 @@ def _warps(value, name: str) -> int:
 # the time of 4 at M = 16 (faster on 19 of 22 shapes, by 2-14%; 3-11% slower on the three N = 6144
 # shapes with 3-6 splits) and 1.00-1.04x at every other M (docs/kernels.md, session 12).
 # SGLANG_SM120_W4A16_WARPS=4, 8 or auto sets the default.
-
-
-def _warps_setting(value, name: str):
-    return "auto" if value == "auto" else _warps(value, name)
-
-
-WARPS_DEFAULT = _warps_setting(os.environ.get("SGLANG_SM120_W4A16_WARPS", "auto"), "SGLANG_SM120_W4A16_WARPS")
+WARPS_DEFAULT = _warps(os.environ.get("SGLANG_SM120_W4A16_WARPS", "auto"), "SGLANG_SM120_W4A16_WARPS", auto=True)
 
 
 def w4a16_warps(m: int, warps: Optional[int] = None) -> int:
@@ -68,6 +65,8 @@ def w4a16_warps(m: int, warps: Optional[int] = None) -> int:
     if setting != "auto":
         return setting
     return 8 if 8 < m <= 16 else 4
+
+
 _ws_lock = threading.Lock()
 _workspaces: dict = {}
 
@@ -229,7 +228,8 @@ def gemm_w4a16(x: torch.Tensor, weight: PackedWeight, *, bias: Optional[torch.Te
     warps: 4 or 8 per 128-row CTA (None: $SGLANG_SM120_W4A16_WARPS, default auto: w4a16_warps);
     the same bits.
     """
-    warps = None if warps is None else _warps(warps, "warps")  # None: resolved per weight at launch
+    if warps is not None:
+        _warps(warps, "warps")  # a bad count is refused before the tensors are looked at
     _tensor("x", x, _BF16, dim=2)
     dev = x.device
     _check_weight(weight, dev)

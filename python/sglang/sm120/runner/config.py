@@ -140,10 +140,9 @@ def _fall_back(sa, cfg, phase: str) -> str:
     upstream's own graphs (the control) ran that prefill eagerly (docs/runner.md 5.10)."""
     backend = _upstream_default(phase)
     getattr(cfg, phase).backend = backend
-    if phase == PREFILL:
-        rule = getattr(sa, _UPSTREAM_PREFILL_RULES.get(backend, ""), None)
-        if callable(rule):
-            rule()
+    rule = _UPSTREAM_PREFILL_RULES.get(backend) if phase == PREFILL else None
+    if rule is not None and callable(getattr(sa, rule, None)):
+        getattr(sa, rule)()
     return getattr(cfg, phase).backend
 
 
