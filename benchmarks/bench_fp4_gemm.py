@@ -200,18 +200,30 @@ def bench_shape(name, n, k, ms, l2, copy_bw, floor_us, marlin, reps, log):
         # Targets use the plain launch. With PDL each call of the back-to-back chain prefetches its
         # weights during the previous call's tail: reported beside it, not used for the targets.
         r["ours_us"] = time_ops([lambda p=p: K.gemm_w4a16(x, p, pdl=False) for p in pws], reps)
+        # both W4A16 kernels where the warp-K one applies (plain, right after plain graphs too);
+        # the default picks one by csrc's default_w4a16_warpk
+        r["default_kernel"] = "warpk" if K.w4a16_plan(m, n, k, sms)["warpk"] else "split"
+        if m <= K.WARPK_MAX_M:
+            for kernel in ("split", "warpk"):
+                r[f"ours_{kernel}_us"] = time_ops(
+                    [lambda p=p, kn=kernel: K.gemm_w4a16(x, p, pdl=False, kernel=kn) for p in pws], reps)
+            r["ours_warpk_pdl_us"] = time_ops(
+                [lambda p=p: K.gemm_w4a16(x, p, pdl=True, kernel="warpk") for p in pws], reps)
         r["ours_pdl_us"] = time_ops([lambda p=p: K.gemm_w4a16(x, p, pdl=True) for p in pws], reps)
-        # both warp counts per 128-row CTA (same bits); the default picks one by M
+        # both warp counts per 128-row CTA of the split-K kernel (same bits); the default picks one by M
         r["default_warps"] = K.w4a16_warps(m)
         for w in WARP_COUNTS:
-            r[f"ours_{w}w_us"] = time_ops([lambda p=p: K.gemm_w4a16(x, p, pdl=False, warps=w) for p in pws], reps)
-            r[f"ours_{w}w_pdl_us"] = time_ops([lambda p=p: K.gemm_w4a16(x, p, pdl=True, warps=w) for p in pws], reps)
+            r[f"ours_{w}w_us"] = time_ops(
+                [lambda p=p: K.gemm_w4a16(x, p, pdl=False, warps=w, kernel="split") for p in pws], reps)
+            r[f"ours_{w}w_pdl_us"] = time_ops(
+                [lambda p=p: K.gemm_w4a16(x, p, pdl=True, warps=w, kernel="split") for p in pws], reps)
         # split-K reduced in a thread-block cluster (where the plan has 2..8 splits), PDL on
-        r["ours_cluster_pdl_us"] = time_ops([lambda p=p: K.gemm_w4a16(x, p, pdl=True, cluster=True) for p in pws], reps)
-        r["cluster_plan"] = K.w4a16_plan(m, n, k, sms, cluster=True)["cluster"]
+        r["ours_cluster_pdl_us"] = time_ops(
+            [lambda p=p: K.gemm_w4a16(x, p, pdl=True, cluster=True, kernel="split") for p in pws], reps)
+        r["cluster_plan"] = K.w4a16_plan(m, n, k, sms, cluster=True, kernel="split")["cluster"]
         # every row times fixed targets beside the default (csrc/kernels.h's rule, fitted on
         # session 7's table of these columns), so the rule is judged on the whole table
-        default_plan = K.w4a16_plan(m, n, k, sms)
+        default_plan = K.w4a16_plan(m, n, k, sms, kernel="split")
         r["default_split_target"] = default_plan["split_target"]
         r["split_target_pdl_us"], r["split_target_splits"] = {}, {"default": default_plan["splits"]}
         for label, target in ROW_SPLIT_TARGETS:
@@ -367,6 +379,11 @@ def summarize(rows, marlin_reason):
         "pdl_speedup_vs_bf16_m_1_to_8_geomean": geo(pick(le8, "speedup_vs_bf16_pdl")),
         "pdl_cluster_speedup_vs_bf16_m_1_to_8_geomean": geo(pick(le8, "speedup_vs_bf16_cluster_pdl")),
     }
+    # < 1: the warp-K kernel beats the split-K one (plain launches); per M range, over the shapes
+    for lo, hi in ((1, 8), (16, 16)):
+        ratios = [r["ours_warpk_us"] / r["ours_split_us"] for r in rows
+                  if lo <= r["M"] <= hi and r.get("ours_warpk_us") and r.get("ours_split_us")]
+        extra[f"warpk_vs_split_time_m{lo}_{hi}_geomean"] = geo(ratios)
     # < 1: that split target beats the default; per M range, geomean over the shapes
     for label, _ in ROW_SPLIT_TARGETS:
         for lo, hi in ((1, 8), (16, 16), (32, 128)):
@@ -406,7 +423,9 @@ def write_md(path, meta, rows, targets, extra, est, tuning):
           f"## Measured on {meta['device']}", "",
           "`ours` is a plain launch (the targets use it); `ours PDL` the same kernel as a programmatic "
           "dependent launch, whose weight prefetch overlaps the previous call's tail in this back-to-back chain; "
-          "`PDL+cluster` also reduces split-K in a thread-block cluster (plans of 2..8 splits).",
+          "`PDL+cluster` also reduces split-K in a thread-block cluster (plans of 2..8 splits). "
+          "`kernel`: the W4A16 kernel the default ran; `split / warp-K us`: both kernels, plain launch "
+          "(warp-K: one CTA per 16-row tile, K split over its 8 warps; M <= 16), then warp-K with PDL.",
           "",
           f"`split {ROW_SPLIT_LABELS}` = PDL us with those split targets in SMs (`ours PDL` is the default: "
           "no split where the tiles fill 3/4 of the SMs, or 1/3 of them with K <= 512 (since session 11), else 2x "
@@ -414,12 +433,15 @@ def write_md(path, meta, rows, targets, extra, est, tuning):
           "`warps` = plain/PDL us with 4 and with 8 warps per 128-row CTA (the same bits); `*` marks the "
           f"count the default ran (SGLANG_SM120_W4A16_WARPS={K.WARPS_DEFAULT}; auto: 8 at 9 <= M <= 16, else 4).",
           "",
-          f"| shape | N | K | M | ours us | BW % | at floor us | ours PDL us | split {ROW_SPLIT_LABELS} | warps | PDL+cluster us | bf16 us | x bf16 | Marlin us | x Marlin | W4A4 us |",
-          "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+          f"| shape | N | K | M | ours us | kernel | split / warp-K / warp-K PDL us | BW % | at floor us | ours PDL us | split {ROW_SPLIT_LABELS} | warps | PDL+cluster us | bf16 us | x bf16 | Marlin us | x Marlin | W4A4 us |",
+          "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         sweep = "/".join(f"{r['split_target_pdl_us'][lb]:.2f}" for lb, _ in ROW_SPLIT_TARGETS
                          if lb in r.get("split_target_pdl_us", {}))
-        L.append(f"| {r['shape']} | {r['N']} | {r['K']} | {r['M']} | {r['ours_us']:.2f} | {r['ours_bw_pct']:.1f} | "
+        kernels = (f"{r['ours_split_us']:.2f} / {r['ours_warpk_us']:.2f} / {r['ours_warpk_pdl_us']:.2f}"
+                   if r.get("ours_warpk_us") else "")
+        L.append(f"| {r['shape']} | {r['N']} | {r['K']} | {r['M']} | {r['ours_us']:.2f} | {r.get('default_kernel', 'split')} | "
+                 f"{kernels} | {r['ours_bw_pct']:.1f} | "
                  f"{r['at_floor_us']:.2f} | {r['ours_pdl_us']:.2f} | {sweep} | {warps_cols(r)} | {r['ours_cluster_pdl_us']:.2f}{'' if r['cluster_plan'] else ' (no cluster)'} | "
                  f"{r['bf16_us']:.2f} | {r['speedup_vs_bf16']:.2f} | "
                  f"{'%.2f' % r['marlin_us'] if r['marlin_us'] else 'n/a'} | "
@@ -495,6 +517,7 @@ def main():
     tuning = [] if (args.no_tune or args.quick or over_budget) else tune_splits(props.multi_processor_count, meta["reps"], log)
     targets, extra = summarize(rows, marlin_reason)
     meta["w4a16_warps_default"] = K.WARPS_DEFAULT
+    meta["w4a16_kernel_default"] = K.KERNEL_DEFAULT
     meta["w4a16_default_split_target"] = ("no split where the output tiles fill 3/4 of the SMs, or 1/3 of them "
                                           "with K <= 512 (since session 11), else 2x SMs for weights >= 8 MB "
                                           "(packed + scales), else 1x SMs at M <= 16 and 0.5x above "

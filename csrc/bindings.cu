@@ -78,8 +78,12 @@ int use_device(int device, DeviceInfo* info) {
 
 bool is_aligned(const void* p, int bytes) { return (reinterpret_cast<uintptr_t>(p) % bytes) == 0; }
 
-int check_w4a16_flags(int flags, const char* what) {
+int check_w4a16_flags(int flags, int M, const char* what) {
   if (flags & ~kW4A16KnownFlags) return set_error(kInvalidArgument, "%s: unknown flags 0x%x", what, flags);
+  if ((flags & kW4A16WarpK) && (flags & kW4A16SplitK))
+    return set_error(kInvalidArgument, "%s: the warp-K and split-K flags exclude each other", what);
+  if ((flags & kW4A16WarpK) && M > kW4A16WarpKMaxM)
+    return set_error(kInvalidArgument, "%s: the warp-K kernel serves M <= %d, got M=%d", what, kW4A16WarpKMaxM, M);
   return kOk;
 }
 
@@ -94,22 +98,24 @@ const char* sm120_last_error() { return g_error; }
 
 // 2: sm120_w4a16_workspace_layout, fixed ticket region; 3: sm120_gemm_w4a16 takes `pdl`;
 // 4: `flags` (kW4A16Pdl | kW4A16ClusterReduce) for the W4A16 GEMM and its plan, plan out[5];
-// 5: flag kW4A16EightWarps; 6: plan out[6] = split target (the default is no longer 2 per SM)
-int sm120_abi_version() { return 6; }
+// 5: flag kW4A16EightWarps; 6: plan out[6] = split target (the default is no longer 2 per SM);
+// 7: flags kW4A16WarpK / kW4A16SplitK, plan out[7] = warp-K kernel
+int sm120_abi_version() { return 7; }
 
 const char* sm120_build_archs() { return SM120_BUILD_ARCHS; }
 
 // Split plan of the W4A16 GEMM;
-// out = {m_tiles, m_blocks, n_ctas, splits, chunks_per_split, cluster-reduced (0/1), split target}.
+// out = {m_tiles, m_blocks, n_ctas, splits, chunks_per_split, cluster-reduced (0/1), split target,
+// warp-K warps per CTA (0: the split-K kernel)}; for warp-K, n_ctas counts 16-row tiles and
+// chunks_per_split is per warp.
 // Host-only (no device needed): *workspace_needed receives the bytes the plan uses.
 int sm120_w4a16_plan(int M, int N, int K, int sm_count, size_t workspace_bytes, int split_target,
                      int flags, int* out, size_t* workspace_needed) {
   if (M <= 0 || N <= 0 || K <= 0 || sm_count <= 0 || out == nullptr)
     return set_error(kInvalidArgument, "w4a16_plan: bad arguments M=%d N=%d K=%d sm_count=%d", M,
                      N, K, sm_count);
-  if (const int rc = check_w4a16_flags(flags, "w4a16_plan")) return rc;
-  const W4A16Plan p = plan_w4a16(M, N, K, sm_count, workspace_bytes, split_target,
-                                 (flags & kW4A16ClusterReduce) != 0);
+  if (const int rc = check_w4a16_flags(flags, M, "w4a16_plan")) return rc;
+  const W4A16Plan p = plan_w4a16(M, N, K, sm_count, workspace_bytes, split_target, flags);
   out[0] = p.m_tiles;
   out[1] = p.m_blocks;
   out[2] = p.n_ctas;
@@ -117,6 +123,7 @@ int sm120_w4a16_plan(int M, int N, int K, int sm_count, size_t workspace_bytes, 
   out[4] = p.chunks_per_split;
   out[5] = p.cluster ? 1 : 0;
   out[6] = p.split_target;
+  out[7] = p.warpk ? p.warpk_warps : 0;
   if (workspace_needed) *workspace_needed = p.workspace_bytes;
   return kOk;
 }
@@ -129,9 +136,8 @@ int sm120_w4a16_workspace_layout(int M, int N, int K, int sm_count, size_t works
   if (M <= 0 || N <= 0 || K <= 0 || sm_count <= 0 || out == nullptr)
     return set_error(kInvalidArgument, "w4a16_workspace_layout: bad arguments M=%d N=%d K=%d sm_count=%d",
                      M, N, K, sm_count);
-  if (const int rc = check_w4a16_flags(flags, "w4a16_workspace_layout")) return rc;
-  const W4A16Plan p = plan_w4a16(M, N, K, sm_count, workspace_bytes, split_target,
-                                 (flags & kW4A16ClusterReduce) != 0);
+  if (const int rc = check_w4a16_flags(flags, M, "w4a16_workspace_layout")) return rc;
+  const W4A16Plan p = plan_w4a16(M, N, K, sm_count, workspace_bytes, split_target, flags);
   out[0] = kW4A16TicketRegionBytes;
   out[1] = p.partial_offset;
   out[2] = p.partial_tile_bytes;
@@ -163,7 +169,9 @@ int sm120_quantize_nvfp4(int device, const void* x, const void* global_scale, vo
 // left at zero by every launch). split_target <= 0 picks default_split_target_w4a16's. flags: kW4A16Pdl (1)
 // launches it as a programmatic dependent launch (its weight prefetch may overlap the previous
 // kernel's tail); kW4A16ClusterReduce (2) reduces up to 8 splits inside a thread-block cluster;
-// kW4A16EightWarps (4) runs 8 warps per CTA (one 16-row tile each) instead of 4 (two each).
+// kW4A16EightWarps (4) runs 8 warps per CTA (one 16-row tile each) instead of 4 (two each);
+// kW4A16WarpK (8, M <= 16) / kW4A16SplitK (16) pick the warp-K or the split-K kernel (default:
+// default_w4a16_warpk).
 int sm120_gemm_w4a16(int device, const void* x, const void* qweight, const void* scales,
                      const void* weight_scale_2, const void* bias, void* y, int M, int N, int K,
                      void* workspace, size_t workspace_bytes, int split_target, int flags,
@@ -178,9 +186,8 @@ int sm120_gemm_w4a16(int device, const void* x, const void* qweight, const void*
   DeviceInfo info;
   int rc = use_device(device, &info);
   if (rc != kOk) return rc;
-  if ((rc = check_w4a16_flags(flags, "gemm_w4a16")) != kOk) return rc;
-  const W4A16Plan plan = plan_w4a16(M, N, K, info.sm_count, workspace ? workspace_bytes : 0, split_target,
-                                    (flags & kW4A16ClusterReduce) != 0);
+  if ((rc = check_w4a16_flags(flags, M, "gemm_w4a16")) != kOk) return rc;
+  const W4A16Plan plan = plan_w4a16(M, N, K, info.sm_count, workspace ? workspace_bytes : 0, split_target, flags);
   return launch_gemm_w4a16(x, qweight, scales, static_cast<const float*>(weight_scale_2), bias, y,
                            M, N, K, workspace, workspace_bytes, plan, (flags & kW4A16Pdl) != 0,
                            (flags & kW4A16EightWarps) != 0, static_cast<cudaStream_t>(stream));

@@ -23,7 +23,7 @@
 // Values: e2m1 * scale * 2^-8 is exact in bf16; alpha = weight_scale_2 * 2^8 is applied in fp32.
 #include <type_traits>
 
-#include "kernels.h"
+#include "w4a16.cuh"
 
 namespace sm120 {
 namespace {
@@ -74,22 +74,6 @@ struct W4A16Traits {
 };
 
 enum : int { kLoadWeights = 1, kLoadX = 2 };  // what a pipeline stage load issues
-
-struct W4A16Params {
-  const __nv_bfloat16* x;
-  const uint8_t* qweight;
-  const uint8_t* scales;
-  const float* weight_scale_2;
-  const __nv_bfloat16* bias;
-  __nv_bfloat16* y;
-  float* partial;
-  int* tickets;
-  int M, N, K;
-  int n_chunks;
-  int chunks_per_split;
-  int splits;
-  int cluster_reduce;  // the splits of a tile are one cluster (gridDim.y == splits <= 8)
-};
 
 template <int M_TILES, int WARPS>
 __global__ void __launch_bounds__(32 * WARPS) gemm_w4a16_kernel(const W4A16Params p) {
@@ -181,12 +165,9 @@ __global__ void __launch_bounds__(32 * WARPS) gemm_w4a16_kernel(const W4A16Param
 
   float acc[T::kTilesPerWarp][M_TILES][4] = {};
 
-  // Scale bytes this thread needs from the words of rows g and g+8: K halves lo (block t/2) and
-  // hi (block 2 + t/2) -> [g_lo, g8_lo, g_hi, g8_hi].
-  const int tb = t >> 1;
-  const uint32_t scale_sel = tb | ((4 + tb) << 4) | ((2 + tb) << 8) | ((6 + tb) << 12);
+  const uint32_t scale_sel = w4a16_scale_select(t);
   const int swz = (g & 1) << 2;
-  const int s_off = (g & 3) * 16 + (g >> 2) * 8;
+  const int s_off = w4a16_scale_offset(g);
 
   auto compute = [&](int buf) {
     const uint8_t* base = smem + buf * T::kStageBytes;
@@ -204,25 +185,7 @@ __global__ void __launch_bounds__(32 * WARPS) gemm_w4a16_kernel(const W4A16Param
         const int rt = warp * T::kTilesPerWarp + i;
         const uint4 wq = lds128(base + (cc * 8 + rt) * 512 + lane * 16);
         const uint2 sc = lds64(base + T::kWBytes + cc * 512 + rt * 64 + s_off);
-        uint32_t s_lo, s_hi;
-        e4m3x4_to_bf16x2_x2p118(__byte_perm(sc.x, sc.y, scale_sel), s_lo, s_hi);
-// One MMA per 4 consecutive K of a K half: a0/a2 = pairs (2s, 2s+1) of row g's word, a1/a3 of
-// row g+8's, times that half's block scale; its B pair is two adjacent words of the same X load
-// (X at K 8t+4s..8t+4s+3), so the MMA reads them in place: no register moves to pair them up.
-#define SM120_W4A16_STEP(DEC_A, DEC_B, W_G, W_G8, S, X, XA, XB)                           \
-  {                                                                                      \
-    const uint32_t a0 = bf16x2_mul_lo(DEC_A(W_G), S);                                    \
-    const uint32_t a1 = bf16x2_mul_hi(DEC_A(W_G8), S);                                   \
-    const uint32_t a2 = bf16x2_mul_lo(DEC_B(W_G), S);                                    \
-    const uint32_t a3 = bf16x2_mul_hi(DEC_B(W_G8), S);                                   \
-    _Pragma("unroll") for (int mt = 0; mt < M_TILES; ++mt)                               \
-        mma_bf16_16816(acc[i][mt], a0, a1, a2, a3, X[mt].XA, X[mt].XB);                  \
-  }
-        SM120_W4A16_STEP(decode_pair0, decode_pair1, wq.x, wq.y, s_lo, xl, x, y)
-        SM120_W4A16_STEP(decode_pair2, decode_pair3, wq.x, wq.y, s_lo, xl, z, w)
-        SM120_W4A16_STEP(decode_pair0, decode_pair1, wq.z, wq.w, s_hi, xh, x, y)
-        SM120_W4A16_STEP(decode_pair2, decode_pair3, wq.z, wq.w, s_hi, xh, z, w)
-#undef SM120_W4A16_STEP
+        w4a16_chunk_mma<M_TILES>(acc[i], wq, sc, scale_sel, xl, xh);
       }
     }
   };
@@ -265,16 +228,7 @@ __global__ void __launch_bounds__(32 * WARPS) gemm_w4a16_kernel(const W4A16Param
 #pragma unroll
       for (int mt = 0; mt < M_TILES; ++mt)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int r = (e < 2) ? g : g + 8;
-          const int tok = tok0 + mt * 8 + 2 * t + (e & 1);
-          const int n = group * kGroupRows + tile_row_to_actual(warp * T::kTilesPerWarp + i, r);
-          if (tok < p.M && n < p.N) {
-            float out = v[i][mt][e] * alpha;
-            if (p.bias != nullptr) out += __bfloat162float(p.bias[n]);
-            p.y[(int64_t)tok * p.N + n] = __float2bfloat16_rn(out);
-          }
-        }
+        for (int e = 0; e < 4; ++e) w4a16_store(p, group, warp * T::kTilesPerWarp + i, tok0, g, t, mt, e, v[i][mt][e], alpha);
   };
 
   // One store for all three paths (it is long: per-element bounds and bias), so one copy of it.
@@ -400,9 +354,37 @@ int64_t default_split_target_w4a16(int M, int N, int K, int sm_count, int64_t ti
   return target > 0 ? target : 1;
 }
 
+bool default_w4a16_warpk(int M, int N, int K, int sm_count) {
+  if (M > kW4A16WarpKMaxM) return false;
+  // Where the 128-row kernel runs unsplit, its tiles already fill the SMs: keep it.
+  const int64_t tiles = round_up(N, kGroupRows) / kGroupRows;  // one token block at M <= 16
+  if (default_split_target_w4a16(M, N, K, sm_count, tiles) <= tiles) return false;
+  const int64_t weight_bytes = (int64_t)N * K / 2 + (int64_t)N * K / 16;  // e2m1 + e4m3 scales
+  return weight_bytes < (M <= 8 ? kW4A16WarpKMaxWeightBytes : kW4A16WarpKMaxWeightBytesM16);
+}
+
 W4A16Plan plan_w4a16(int M, int N, int K, int sm_count, size_t workspace_bytes, int split_target,
-                     bool cluster) {
+                     int flags) {
   W4A16Plan plan{};
+  const bool cluster = (flags & kW4A16ClusterReduce) != 0;
+  // A caller's split target asks for the split-K kernel unless kW4A16WarpK says otherwise.
+  if ((flags & kW4A16WarpK) ||
+      (!(flags & kW4A16SplitK) && split_target <= 0 && default_w4a16_warpk(M, N, K, sm_count))) {
+    // One CTA per 16-row tile and token block, K in 8 or 16 slices of whole chunks, nothing to
+    // hand off.
+    plan.warpk = true;
+    plan.m_tiles = M <= 8 ? 1 : 2;
+    plan.m_blocks = ceil_div(M, 8 * plan.m_tiles);
+    plan.n_ctas = round_up(N, kGroupRows) / kTileRows;
+    plan.splits = 1;
+    const int n_chunks = ceil_div(K, kChunkK);
+    plan.warpk_warps = n_chunks >= kW4A16WarpK16MinChunks && (int64_t)plan.n_ctas * plan.m_blocks <= sm_count ? 16 : 8;
+    plan.chunks_per_split = ceil_div(n_chunks, plan.warpk_warps);
+    plan.split_target = plan.n_ctas * plan.m_blocks;
+    plan.partial_offset = kW4A16TicketRegionBytes;
+    plan.partial_tile_bytes = (size_t)tile_elems(plan.m_tiles) * sizeof(float);
+    return plan;
+  }
   plan.m_tiles = M <= 8 ? 1 : M <= 16 ? 2 : M <= 32 ? 4 : 8;
   plan.m_blocks = ceil_div(M, 8 * plan.m_tiles);
   plan.n_ctas = round_up(N, kGroupRows) / kGroupRows;
@@ -467,6 +449,7 @@ int launch_gemm_w4a16(const void* x, const void* qweight, const void* scales,
   p.chunks_per_split = plan.chunks_per_split;
   p.splits = plan.splits;
   p.cluster_reduce = plan.cluster ? 1 : 0;
+  if (plan.warpk) return launch_gemm_w4a16_warpk(p, plan, pdl, stream);
   if (tickets) {
     p.tickets = static_cast<int*>(workspace);
     p.partial = reinterpret_cast<float*>(static_cast<uint8_t*>(workspace) + plan.partial_offset);

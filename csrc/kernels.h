@@ -65,16 +65,31 @@ struct W4A16Plan {
   size_t partial_offset;   // where the fp32 partial tiles start (== kW4A16TicketRegionBytes)
   size_t partial_tile_bytes;  // bytes of one (tile, split) partial slot
   bool cluster;               // split-K reduced inside a thread-block cluster (no workspace)
+  bool warpk;                 // gemm_w4a16_warpk: one CTA per 16-row tile, K split over its warps
+  int warpk_warps;            // its warps per CTA (8 or 16; 0 for the split-K kernel)
   int split_target;           // CTAs aimed for: the caller's, or default_split_target_w4a16's
 };
 // Flags of sm120_gemm_w4a16 / sm120_w4a16_plan.
 // kW4A16EightWarps: 8 warps x 1 row tile per 128-row CTA instead of 4 x 2 (same bits).
+// kW4A16WarpK / kW4A16SplitK: run the warp-K kernel (M <= 16 only) / the 128-row split-K kernel;
+// neither: default_w4a16_warpk decides.
 enum : int {
   kW4A16Pdl = 1,
   kW4A16ClusterReduce = 2,
   kW4A16EightWarps = 4,
-  kW4A16KnownFlags = kW4A16Pdl | kW4A16ClusterReduce | kW4A16EightWarps
+  kW4A16WarpK = 8,
+  kW4A16SplitK = 16,
+  kW4A16KnownFlags = kW4A16Pdl | kW4A16ClusterReduce | kW4A16EightWarps | kW4A16WarpK | kW4A16SplitK
 };
+// Warps of a warp-K CTA: 8, or 16 from kW4A16WarpK16MinChunks 64-K chunks on where its CTAs fit
+// the SMs one each (each warp's slice of a long K then needs fewer serial DRAM round trips: glm5
+// shared gate_up TP 4/8 0.88x the 8-warp time; with more CTAs than SMs, 16 warps took 1.1-1.3x);
+// and the largest M it serves (two 8-token tiles).
+#ifndef SM120_WARPK16_MIN_CHUNKS
+#define SM120_WARPK16_MIN_CHUNKS 64
+#endif
+constexpr int kW4A16WarpK16MinChunks = SM120_WARPK16_MIN_CHUNKS;
+constexpr int kW4A16WarpKMaxM = 16;
 // The splits of one tile form one cluster: at most the portable cluster size.
 constexpr int kW4A16MaxClusterSplits = 8;
 // Split-K workspace layout, the same for EVERY plan: one int ticket per (N, M) tile in the first
@@ -96,9 +111,19 @@ constexpr int64_t kW4A16MaxTicketTiles = kW4A16TicketRegionBytes / sizeof(int);
 constexpr int64_t kW4A16LargeWeightBytes = 8000000;
 constexpr int kW4A16ShortK = 512;
 int64_t default_split_target_w4a16(int M, int N, int K, int sm_count, int64_t tiles);
+// Whether a call runs the warp-K kernel when the caller does not say. Fitted on the H200 (session
+// 13, tools/gpu_host/w4a16_kernel_ab.py: 22 shapes x M 1..16, both kernels timed on every row):
+// warp-K wherever the split-K kernel would split K and the weight (packed + scales) is under
+// 12 MB at M <= 8 (0.61-0.93x the split-K time there) or under 5 MB at M 9..16 (0.66-0.99x;
+// its 16-token tile reads X twice per weight fragment, which larger weights do not hide). Where
+// the 128-row tiles run unsplit, or for larger weights, warp-K took 1.02-2.3x.
+constexpr int64_t kW4A16WarpKMaxWeightBytes = 12000000;
+constexpr int64_t kW4A16WarpKMaxWeightBytesM16 = 5000000;
+bool default_w4a16_warpk(int M, int N, int K, int sm_count);
 // cluster: reduce the splits of a tile inside one thread-block cluster where they fit in one.
+// flags: kW4A16WarpK / kW4A16SplitK pick the kernel (the caller has checked they fit M).
 W4A16Plan plan_w4a16(int M, int N, int K, int sm_count, size_t workspace_bytes, int split_target,
-                     bool cluster);
+                     int flags);
 
 int launch_gemm_w4a16(const void* x, const void* qweight, const void* scales,
                       const float* weight_scale_2, const void* bias, void* y, int M, int N, int K,

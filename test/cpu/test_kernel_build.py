@@ -172,17 +172,18 @@ def test_library_loads_without_gpu(built):
     code = (
         "import ctypes; lib = ctypes.CDLL(%r);"
         "lib.sm120_build_archs.restype = ctypes.c_char_p;"
-        "out = (ctypes.c_int * 7)(); need = ctypes.c_size_t(0);"
-        "rc = lib.sm120_w4a16_plan(1, 6144, 2048, 132, ctypes.c_size_t(1 << 24), 0, 0, out, ctypes.byref(need));"
+        "out = (ctypes.c_int * 8)(); need = ctypes.c_size_t(0);"
+        "rc = lib.sm120_w4a16_plan(1, 6144, 2048, 132, ctypes.c_size_t(1 << 24), 0, 16, out, ctypes.byref(need));"
         "print(lib.sm120_abi_version(), lib.sm120_build_archs().decode(), rc, list(out))"
     ) % str(out / kb.LIBRARY_NAME)
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     abi, archs, rc, plan = proc.stdout.split(" ", 3)
     assert (abi, archs, rc) == (str(_lib_abi_version()), "sm_90a,sm_120a", "0")
-    m_tiles, m_blocks, n_ctas, splits, _, cluster, target = eval(plan)
-    # 6144 x 2048 is a 7 MB weight: below the 8 MB line, M = 1 aims for 1 CTA per SM
-    assert (m_tiles, m_blocks, n_ctas, cluster, target) == (1, 1, 48, 0, 132) and n_ctas * splits >= 132
+    m_tiles, m_blocks, n_ctas, splits, _, cluster, target, warpk = eval(plan)
+    # the split-K kernel (flag 16): 6144 x 2048 is a 7 MB weight, below the 8 MB line, so M = 1 aims
+    # for 1 CTA per SM
+    assert (m_tiles, m_blocks, n_ctas, cluster, target, warpk) == (1, 1, 48, 0, 132, 0) and n_ctas * splits >= 132
 
 
 def test_bad_arch_and_compile_error_are_one_line(tmp_path):
@@ -217,11 +218,11 @@ def _plan_fn(lib_path):
     size_t = ctypes.c_size_t
 
     def plan(m, n, k, sms, split_target=0, flags=0):
-        out, need, lay = (ctypes.c_int * 7)(), size_t(0), (size_t * 4)()
+        out, need, lay = (ctypes.c_int * 8)(), size_t(0), (size_t * 4)()
         assert lib.sm120_w4a16_plan(m, n, k, sms, size_t(WORKSPACE), split_target, flags, out,
                                     ctypes.byref(need)) == 0
         assert lib.sm120_w4a16_workspace_layout(m, n, k, sms, size_t(WORKSPACE), split_target, flags, lay) == 0
-        keys = ("m_tiles", "m_blocks", "n_ctas", "splits", "chunks_per_split", "cluster", "split_target")
+        keys = ("m_tiles", "m_blocks", "n_ctas", "splits", "chunks_per_split", "cluster", "split_target", "warpk")
         return dict(zip(keys, out), workspace_bytes=need.value, ticket_region_bytes=lay[0],
                     partial_offset=lay[1], partial_tile_bytes=lay[2])
     plan.lib = lib
@@ -238,6 +239,15 @@ def w4a16_workspace_model(plan, sms, calls, flags=0):
         tag = f"M={m} N={n} K={k} {p}"
         n_chunks = -(-k // 64)
         tokens = 8 * p["m_tiles"]
+        if p["warpk"]:  # grid (x = 16-row tile, z = token block), 8 warps of whole chunks, no workspace
+            if (flags & 16) or m > 16 or p["n_ctas"] != -(-n // 128) * 8 or p["splits"] != 1 or p["cluster"]:
+                problems.append(f"{tag}: bad warp-K grid")
+            if p["m_blocks"] != 1 or tokens < m or (p["m_tiles"] == 2) != (m > 8):
+                problems.append(f"{tag}: warp-K token tile does not cover M")
+            warps = 16 if n_chunks >= 64 and p["n_ctas"] * p["m_blocks"] <= sms else 8  # kW4A16WarpK16MinChunks
+            if p["warpk"] != warps or p["chunks_per_split"] != -(-n_chunks // warps) or p["workspace_bytes"]:
+                problems.append(f"{tag}: warp-K K slices or workspace")
+            continue
         # grid (x = 128-row group, y = split, z = token block) covers the output exactly once
         if p["n_ctas"] * 128 < n or (p["n_ctas"] - 1) * 128 >= n:
             problems.append(f"{tag}: n_ctas does not cover N")
@@ -293,7 +303,7 @@ def test_w4a16_default_split_target_follows_the_tiles_the_weight_size_and_m(buil
     for n, k in GEMM_SHAPES:
         large = n * k // 2 + n * k // 16 >= 8_000_000  # packed e2m1 + e4m3 scales
         for m in GEMM_MS:
-            p = plan(m, n, k, sms)
+            p = plan(m, n, k, sms, flags=16)  # the split-K kernel's rule
             tiles = p["n_ctas"] * p["m_blocks"]
             unsplit = 4 * tiles >= 3 * sms or (k <= 512 and 3 * tiles >= sms)
             want = tiles if unsplit else 2 * sms if large else sms if m <= 16 else sms // 2
@@ -304,11 +314,12 @@ def test_w4a16_default_split_target_follows_the_tiles_the_weight_size_and_m(buil
             if want == tiles:
                 assert p["splits"] == 1, (m, n, k, p)
     assert seen == {"tiles", 2, 1, -1}  # every branch of the rule is exercised by the test shapes
-    assert plan(1, 6144, 16384, sms)["splits"] > plan(1, 6144, 2048, sms)["splits"]  # 56 MB vs 7 MB
+    split = lambda m, n, k: plan(m, n, k, sms, flags=16)["splits"]  # noqa: E731
+    assert split(1, 6144, 16384) > split(1, 6144, 2048)  # 56 MB vs 7 MB
     # short K: glm5 shared down at TP 8 (48 tiles, K 256) stays unsplit once its tiles fill a third
     # of the SMs; the same tiles with K 2048 split
-    assert plan(1, 6144, 2048, sms)["splits"] > 1
-    assert (plan(1, 6144, 256, sms)["splits"] == 1) == (3 * 48 >= sms)
+    assert split(1, 6144, 2048) > 1
+    assert (split(1, 6144, 256) == 1) == (3 * 48 >= sms)
 
 
 @pytest.mark.parametrize("sms", [132, 188])
@@ -316,19 +327,20 @@ def test_w4a16_cluster_plans_keep_the_split_and_need_no_workspace(built, sms):
     _, out, _ = built
     plan = _plan_fn(out / kb.LIBRARY_NAME)
     calls = [(m, n, k) for n, k in GEMM_SHAPES for m in GEMM_MS]
-    cluster = [c for c in calls if plan(*c, sms, flags=2)["cluster"]]
+    cluster = [c for c in calls if plan(*c, sms, flags=2 | 16)["cluster"]]
     assert len(cluster) > 10  # most small-M plans split 2..8 ways
-    assert any(2 < plan(*c, sms)["splits"] <= 8 for c in cluster)
+    assert any(2 < plan(*c, sms, flags=16)["splits"] <= 8 for c in cluster)
     for c in calls:
-        a, b = plan(*c, sms), plan(*c, sms, flags=2)
+        a, b = plan(*c, sms, flags=16), plan(*c, sms, flags=2 | 16)
         assert (a["n_ctas"], a["m_blocks"]) == (b["n_ctas"], b["m_blocks"]), c
         if b["cluster"]:  # the wanted split: no longer shrunk to fit partials in the workspace
             assert b["splits"] >= a["splits"], c
         else:
             assert (a["splits"], a["chunks_per_split"]) == (b["splits"], b["chunks_per_split"]), c
     # cluster and ticket plans interleaved on one workspace (the model checks each call's tickets)
-    problems = w4a16_workspace_model(plan, sms, calls + calls[::-1], flags=2)
-    assert not problems, f"{len(problems)} problems, first: {problems[:3]}"
+    for flags in (2 | 16, 2):  # the split-K kernel alone, and interleaved with warp-K plans
+        problems = w4a16_workspace_model(plan, sms, calls + calls[::-1], flags=flags)
+        assert not problems, f"flags {flags}: {len(problems)} problems, first: {problems[:3]}"
     assert not w4a16_workspace_model(plan, sms, calls, flags=0)
 
 
@@ -338,11 +350,17 @@ def test_w4a16_unknown_flags_are_refused(built):
     plan = _plan_fn(out / kb.LIBRARY_NAME)
     lib = plan.lib
     lib.sm120_last_error.restype = ctypes.c_char_p
-    o, need = (ctypes.c_int * 7)(), ctypes.c_size_t(0)
-    assert lib.sm120_w4a16_plan(1, 512, 512, 132, ctypes.c_size_t(WORKSPACE), 0, 8, o, ctypes.byref(need)) != 0
-    assert b"unknown flags 0x8" in lib.sm120_last_error()
-    # 1 | 2 | 4 (PDL, cluster reduce, eight warps) are known
-    assert lib.sm120_w4a16_plan(1, 512, 512, 132, ctypes.c_size_t(WORKSPACE), 0, 7, o, ctypes.byref(need)) == 0
+    o, need = (ctypes.c_int * 8)(), ctypes.c_size_t(0)
+
+    def rc(m, flags):
+        return lib.sm120_w4a16_plan(m, 512, 512, 132, ctypes.c_size_t(WORKSPACE), 0, flags, o, ctypes.byref(need))
+
+    assert rc(1, 32) != 0
+    assert b"unknown flags 0x20" in lib.sm120_last_error()
+    # 1 | 2 | 4 | 8 (PDL, cluster reduce, eight warps, warp-K) and 16 (split-K) are known
+    assert rc(1, 15) == 0 and o[7] == 8 and rc(1, 7 | 16) == 0 and o[7] == 0  # out[7]: warp-K warps
+    assert rc(1, 8 | 16) != 0 and b"exclude each other" in lib.sm120_last_error()
+    assert rc(16, 8) == 0 and rc(17, 8) != 0 and b"M <= 16, got M=17" in lib.sm120_last_error()
 
 
 @pytest.mark.parametrize("sms", [132, 188])
@@ -355,7 +373,7 @@ def test_w4a16_split_shrinks_to_the_most_splits_whose_partials_fit(built, sms):
     shrunk = 0
     for n, k in GEMM_SHAPES:
         for m in GEMM_MS:
-            p = plan(m, n, k, sms)
+            p = plan(m, n, k, sms, flags=16)
             if p["splits"] == 1 or p["cluster"]:
                 continue
             tiles = p["n_ctas"] * p["m_blocks"]
@@ -374,3 +392,28 @@ def test_w4a16_split_shrinks_to_the_most_splits_whose_partials_fit(built, sms):
     assert shrunk > 0  # the shapes reach the workspace limit
     if sms == 132:
         assert plan(64, 6144, 16384, sms)["splits"] == 5 and plan(128, 6144, 16384, sms)["splits"] == 2
+
+
+@pytest.mark.parametrize("sms", [132, 188])
+def test_w4a16_default_kernel_is_warpk_where_the_split_kernel_splits_and_the_weight_is_small(built, sms):
+    """default_w4a16_warpk (csrc/kernels.h): warp-K at M <= 16 where the 128-row kernel would split
+    K and the weight is < 12 MB (M <= 8) or < 5 MB (M 9..16); its 16 warps only where its CTAs
+    fit the SMs one each and K has >= 64 chunks; a caller's split target keeps the split kernel."""
+    _, out, _ = built
+    plan = _plan_fn(out / kb.LIBRARY_NAME)
+    seen = set()
+    for n, k in GEMM_SHAPES:
+        wbytes = n * k // 2 + n * k // 16
+        for m in GEMM_MS:
+            p, split = plan(m, n, k, sms), plan(m, n, k, sms, flags=16)
+            want = m <= 16 and split["splits"] > 1 and wbytes < (12_000_000 if m <= 8 else 5_000_000)
+            assert bool(p["warpk"]) == want, (m, n, k, p, split)
+            if want:
+                tiles16 = -(-n // 128) * 8
+                assert p["warpk"] == (16 if k // 64 >= 64 and tiles16 <= sms else 8), (m, n, k, p)
+                assert plan(m, n, k, sms, split_target=sms)["warpk"] == 0  # an explicit target: split-K
+                seen.add((p["warpk"], p["m_tiles"]))
+            elif m <= 16:
+                seen.add("split")
+    assert {(8, 1), (8, 2), "split"} <= seen, seen
+    assert (16, 1) in seen or sms == 188  # 16 warps: (1024, 4096) at 132 SMs

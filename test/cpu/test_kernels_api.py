@@ -59,3 +59,29 @@ def test_benchmarks_import_this_checkouts_kernels_over_an_installed_sglang():
     assert proc.returncode == 0, proc.stderr
     for line in proc.stdout.split():
         assert Path(line).resolve().is_relative_to((REPO / "python" / "sglang" / "sm120").resolve()), line
+
+
+def test_kernel_option_names_the_kernels_and_matches_the_flags():
+    from sglang.sm120.kernels import ops
+
+    assert ops._kernel("warpk", "kernel") == "warpk" and ops._kernel("split", "kernel") == "split"
+    for bad in ("fast", None, "WARPK", 8):
+        with pytest.raises(ValueError, match="kernel must be one of"):
+            ops._kernel(bad, "kernel")
+    header = (REPO / "csrc" / "kernels.h").read_text()
+    assert "kW4A16WarpK = 8" in header and "kW4A16SplitK = 16" in header
+    assert (ops._FLAG_WARPK, ops._FLAG_SPLITK) == (8, 16)
+    assert f"kW4A16WarpKMaxM = {ops.WARPK_MAX_M};" in header
+
+
+def test_kernel_env_default_and_a_bad_value_names_the_variable():
+    def run(value):
+        env = dict(os.environ, SGLANG_SM120_W4A16_KERNEL=value,
+                   PYTHONPATH=os.pathsep.join([str(REPO / "python"), *sys.path]))
+        return subprocess.run([sys.executable, "-c", "from sglang.sm120.kernels import ops; print(ops.KERNEL_DEFAULT)"],
+                              env=env, capture_output=True, text=True, timeout=120)
+
+    ok = run("split")
+    assert ok.returncode == 0 and ok.stdout.strip() == "split", ok.stderr
+    bad = run("gemv")
+    assert bad.returncode != 0 and "SGLANG_SM120_W4A16_KERNEL must be one of" in bad.stderr

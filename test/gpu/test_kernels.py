@@ -157,8 +157,9 @@ def test_gemm_shapes_all_m(K, name, n, k):
     in_s_dev = in_s.reshape(1).cuda()
     inv_dev = (1.0 / in_s).reshape(1).cuda()
     for m in MS:
-        y = K.gemm_w4a16(x[:m], pw)
-        _assert_close(y, ref16[:m], abs16[:m], f"{name} W4A16 M={m}")
+        for kernel in ("split", "warpk") if m <= K.WARPK_MAX_M else ("split",):
+            y = K.gemm_w4a16(x[:m], pw, kernel=kernel)
+            _assert_close(y, ref16[:m], abs16[:m], f"{name} W4A16 ({kernel}) M={m}")
         xq, xs = K.quantize_nvfp4(x[:m], inv_dev, mma_order=True)
         y4 = K.gemm_w4a4(xq, xs, in_s_dev, pw)
         _assert_close(y4, ref4[:m], abs4[:m], f"{name} W4A4 ({'hw' if torch.cuda.get_device_capability()[0] == 12 else 'emulated'}) M={m}")
@@ -202,10 +203,10 @@ def test_split_k_is_deterministic_and_graph_capturable(K):
     q = _weight(n, k, 5)
     pw = K.pack_weight(q["weight"], q["weight_scale"], q["weight_scale_2"])
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    assert K.w4a16_plan(m, n, k, sms)["splits"] > 1  # exercises the split-K reduction
+    assert K.w4a16_plan(m, n, k, sms, kernel="split")["splits"] > 1  # exercises the split-K reduction
     x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
-    y1 = K.gemm_w4a16(x, pw).clone()
-    y2 = K.gemm_w4a16(x, pw).clone()
+    y1 = K.gemm_w4a16(x, pw, kernel="split").clone()
+    y2 = K.gemm_w4a16(x, pw, kernel="split").clone()
     assert torch.equal(y1, y2)
     in_s = torch.tensor([0.01], device="cuda")
     inv = 1.0 / in_s
@@ -213,12 +214,12 @@ def test_split_k_is_deterministic_and_graph_capturable(K):
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):  # warm up: creates this stream's workspace before capture
-        K.gemm_w4a16(xs_static, pw)
+        K.gemm_w4a16(xs_static, pw, kernel="split")
         K.gemm_w4a4(*K.quantize_nvfp4(xs_static, inv, mma_order=True), in_s, pw)
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph, stream=stream):
-        y_g = K.gemm_w4a16(xs_static, pw)
+        y_g = K.gemm_w4a16(xs_static, pw, kernel="split")
         xq, xsc = K.quantize_nvfp4(xs_static, inv, mma_order=True)
         y4_g = K.gemm_w4a4(xq, xsc, in_s, pw)
     for _ in range(3):
@@ -226,18 +227,22 @@ def test_split_k_is_deterministic_and_graph_capturable(K):
         xs_static.copy_(new)
         graph.replay()
         torch.cuda.synchronize()
-        assert torch.equal(y_g, K.gemm_w4a16(new, pw))
+        assert torch.equal(y_g, K.gemm_w4a16(new, pw, kernel="split"))
         assert torch.equal(y4_g, K.gemm_w4a4(*K.quantize_nvfp4(new, inv, mma_order=True), in_s, pw))
 
 
-@pytest.mark.parametrize("m", [1, 16, 64])
-def test_pdl_chain_in_a_graph_matches_plain_launches(K, m):
+PDL_CHAIN_CASES = [(1, "split"), (16, "split"), (64, "split"), (1, "warpk"), (16, "warpk")]
+
+
+@pytest.mark.parametrize("m,kernel", PDL_CHAIN_CASES, ids=[f"M{m}-{kn}" for m, kn in PDL_CHAIN_CASES])
+def test_pdl_chain_in_a_graph_matches_plain_launches(K, m, kernel):
     """Programmatic dependent launch: each GEMM of the chain reads the one before (X written by the
     previous grid) and all share one split-K workspace, the two hazards PDL's early start could
     break. PDL on and off, captured and eager, must agree bit for bit."""
     n = k = 2048  # square: each output is the next input; splits > 1 at every m here
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    assert K.w4a16_plan(m, n, k, sms)["splits"] > 1
+    plan = K.w4a16_plan(m, n, k, sms, kernel=kernel)
+    assert plan["warpk"] if kernel == "warpk" else plan["splits"] > 1
     layers = []
     for i in range(6):
         q = _weight(n, k, 40 + i)
@@ -245,7 +250,7 @@ def test_pdl_chain_in_a_graph_matches_plain_launches(K, m):
 
     def chain(x, pdl):
         for pw in layers:
-            x = K.gemm_w4a16(x, pw, pdl=pdl)
+            x = K.gemm_w4a16(x, pw, pdl=pdl, kernel=kernel)
         return x
 
     x0 = torch.randn(m, k, device="cuda").to(torch.bfloat16)
@@ -277,12 +282,12 @@ def test_cluster_reduce_gives_the_bits_of_the_workspace_reduction(K, n, k, m):
     """The splits of a tile reduced in a thread-block cluster (DSMEM) sum in the same order as the
     last-CTA reduction through the workspace: identical bits, eager, in a graph and under PDL."""
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    ticket, cluster = K.w4a16_plan(m, n, k, sms), K.w4a16_plan(m, n, k, sms, cluster=True)
+    ticket, cluster = K.w4a16_plan(m, n, k, sms, kernel="split"), K.w4a16_plan(m, n, k, sms, cluster=True, kernel="split")
     q = _weight(n, k, n + 7 * m)
     pw = K.pack_weight(q["weight"], q["weight_scale"], q["weight_scale_2"])
     wd = _exact_dequant(q["weight"], q["weight_scale"], q["weight_scale_2"])
     x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
-    ref = K.gemm_w4a16(x, pw, cluster=False, split_target=0).clone()
+    ref = K.gemm_w4a16(x, pw, cluster=False, split_target=0, kernel="split").clone()
     _assert_close(ref, x.float() @ wd.t(), x.float().abs() @ wd.abs().t(), f"tickets N={n} K={k} M={m}")
     if not cluster["cluster"]:
         assert cluster["splits"] == 1 or cluster["splits"] > 8, cluster
@@ -290,19 +295,19 @@ def test_cluster_reduce_gives_the_bits_of_the_workspace_reduction(K, n, k, m):
     assert 2 <= cluster["splits"] <= 8 and cluster["workspace_bytes"] == 0
     if cluster["splits"] == ticket["splits"]:  # same split: same partials, same summation order
         for pdl in (False, True):
-            assert torch.equal(K.gemm_w4a16(x, pw, cluster=True, pdl=pdl), ref), f"pdl={pdl}"
+            assert torch.equal(K.gemm_w4a16(x, pw, cluster=True, pdl=pdl, kernel="split"), ref), f"pdl={pdl}"
     else:  # the workspace shrank the ticket plan's split: other partials, so check the values
-        y = K.gemm_w4a16(x, pw, cluster=True)
+        y = K.gemm_w4a16(x, pw, cluster=True, kernel="split")
         _assert_close(y, x.float() @ wd.t(), x.float().abs() @ wd.abs().t(), f"cluster N={n} K={k} M={m}")
     x_static = x.clone()
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
-        want = K.gemm_w4a16(x_static, pw, cluster=True, pdl=True).clone()
+        want = K.gemm_w4a16(x_static, pw, cluster=True, pdl=True, kernel="split").clone()
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph, stream=stream):
-        y_g = K.gemm_w4a16(x_static, pw, cluster=True, pdl=True)
+        y_g = K.gemm_w4a16(x_static, pw, cluster=True, pdl=True, kernel="split")
     for _ in range(3):
         graph.replay()
         torch.cuda.synchronize()
@@ -324,21 +329,21 @@ def test_eight_warps_give_the_bits_of_four(K, n, k, m):
     x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
     for split_target in (0, 1):
         for cluster in (False, True):
-            ref = K.gemm_w4a16(x, pw, warps=4, split_target=split_target, cluster=cluster).clone()
+            ref = K.gemm_w4a16(x, pw, warps=4, split_target=split_target, cluster=cluster, kernel="split").clone()
             for pdl in (False, True):
-                y = K.gemm_w4a16(x, pw, warps=8, split_target=split_target, cluster=cluster, pdl=pdl)
+                y = K.gemm_w4a16(x, pw, warps=8, split_target=split_target, cluster=cluster, pdl=pdl, kernel="split")
                 assert torch.equal(y, ref), f"split_target={split_target} cluster={cluster} pdl={pdl}"
     _assert_close(ref, x.float() @ wd.t(), x.float().abs() @ wd.abs().t(), f"8 warps N={n} K={k} M={m}")
     x_static = x.clone()
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
-        want = K.gemm_w4a16(x_static, pw, warps=4).clone()
-        K.gemm_w4a16(x_static, pw, warps=8)  # this stream's workspace exists before capture
+        want = K.gemm_w4a16(x_static, pw, warps=4, kernel="split").clone()
+        K.gemm_w4a16(x_static, pw, warps=8, kernel="split")  # this stream's workspace exists before capture
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph, stream=stream):
-        y_g = K.gemm_w4a16(x_static, pw, warps=8)
+        y_g = K.gemm_w4a16(x_static, pw, warps=8, kernel="split")
     for _ in range(3):
         graph.replay()
         torch.cuda.synchronize()
@@ -357,7 +362,7 @@ def test_pdl_chain_with_cluster_reduce_matches_plain_launches(K):
         for pdl in (False, True):
             x = x0
             for pw in layers:
-                x = K.gemm_w4a16(x, pw, pdl=pdl, cluster=cluster)
+                x = K.gemm_w4a16(x, pw, pdl=pdl, cluster=cluster, kernel="split")
             outs[(cluster, pdl)] = x
     torch.cuda.synchronize()
     base = outs[(False, False)]
@@ -378,19 +383,58 @@ def test_split_k_workspace_reused_across_plans(K):
     cases = ((384, 320, 1, 0), (16384, 2048, 1, 2 * sms), (5120, 2048, 128, 0), (640, 2048, 1024, 0),
              (6144, 256, 128, 2 * sms))
     for n, k, m, target in cases:
-        plan = K.w4a16_plan(m, n, k, sms, workspace_bytes=ws.numel(), split_target=target)
+        plan = K.w4a16_plan(m, n, k, sms, workspace_bytes=ws.numel(), split_target=target, kernel="split")
         ws[plan["partial_offset"]:].fill_(0xA5)
         q = _weight(n, k, n + m)
         pw = K.pack_weight(q["weight"], q["weight_scale"], q["weight_scale_2"])
         wd = _exact_dequant(q["weight"], q["weight_scale"], q["weight_scale_2"])
         x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
-        y = K.gemm_w4a16(x, pw, workspace_buf=ws, split_target=target)
+        y = K.gemm_w4a16(x, pw, workspace_buf=ws, split_target=target, kernel="split")
         _assert_close(y, x.float() @ wd.t(), x.float().abs() @ wd.abs().t(),
                       f"reused workspace M={m} N={n} K={k} splits={plan['splits']} tiles={plan['n_ctas'] * plan['m_blocks']}")
         tickets = ws[: plan["ticket_region_bytes"]].view(torch.int32)
         assert int((tickets != 0).sum()) == 0, f"M={m} N={n} K={k}: split-K tickets not reset"
     big = K.w4a16_plan(1, 16384, 2048, sms, split_target=2 * sms)
     assert big["n_ctas"] * big["m_blocks"] > 64 and big["splits"] > 1  # a > 64-tile plan really splits
+
+
+WARPK_EDGE_CASES = [(48, 48), (48, 336), (640, 2048), (272, 80), (2624, 6144)]  # N < 128, K tails, N % 128
+
+
+@pytest.mark.parametrize("n,k", WARPK_EDGE_CASES, ids=[f"N{n}-K{k}" for n, k in WARPK_EDGE_CASES])
+def test_warpk_edges_bias_determinism_and_graph(K, n, k):
+    """The warp-K kernel on partial 128-row groups, K tails inside a chunk and warps without
+    chunks (K = 48: one chunk for 8 warps), every M it serves, with bias and an out buffer;
+    repeated calls and a captured PDL graph give the same bits."""
+    q = _weight(n, k, 13 * n + k)
+    pw = K.pack_weight(q["weight"], q["weight_scale"], q["weight_scale_2"])
+    wd = _exact_dequant(q["weight"], q["weight_scale"], q["weight_scale_2"])
+    bias = torch.randn(n, device="cuda").to(torch.bfloat16)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    for m in range(1, K.WARPK_MAX_M + 1):
+        plan = K.w4a16_plan(m, n, k, sms, kernel="warpk")
+        assert plan["warpk"] and plan["splits"] == 1 and plan["workspace_bytes"] == 0, plan
+        x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
+        out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+        y = K.gemm_w4a16(x, pw, bias=bias, out=out, kernel="warpk")
+        assert y.data_ptr() == out.data_ptr()
+        ref = x.float() @ wd.t() + bias.float()
+        _assert_close(y, ref, x.float().abs() @ wd.abs().t() + bias.float().abs(), f"warpk N={n} K={k} M={m}")
+        for pdl in (False, True):
+            assert torch.equal(K.gemm_w4a16(x, pw, bias=bias, kernel="warpk", pdl=pdl), y), (m, pdl)
+    x_static = torch.randn(5, k, device="cuda").to(torch.bfloat16)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        want = K.gemm_w4a16(x_static, pw, kernel="warpk").clone()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        y_g = K.gemm_w4a16(x_static, pw, kernel="warpk", pdl=True)
+    for _ in range(3):
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(y_g, want)
 
 
 def test_nan_in_activations_stays_in_its_row(K):
@@ -420,6 +464,9 @@ def _bad_inputs(K):
         (lambda: K.gemm_w4a16(x, pw, bias=torch.zeros(64, device="cuda", dtype=torch.bfloat16)), ValueError, "bias"),
         (lambda: K.gemm_w4a16(x, pw, out=torch.empty(4, 64, device="cuda", dtype=torch.bfloat16)), ValueError, "out"),
         (lambda: K.gemm_w4a16(x, pw, warps=6), ValueError, "warps"),
+        (lambda: K.gemm_w4a16(x, pw, kernel="fast"), ValueError, "kernel"),
+        (lambda: K.gemm_w4a16(torch.randn(17, 256, device="cuda").to(torch.bfloat16), pw, kernel="warpk"),
+         ValueError, "warpk"),
         (lambda: K.quantize_nvfp4(torch.randn(4, 40, device="cuda").to(torch.bfloat16), gs), ValueError, "x"),
         (lambda: K.quantize_nvfp4(x, torch.tensor([1.0])), ValueError, "global_scale"),
         (lambda: K.quantize_nvfp4(x, torch.ones(2, device="cuda")), ValueError, "global_scale"),

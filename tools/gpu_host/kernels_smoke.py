@@ -78,18 +78,19 @@ def _weight(n, k, seed):
         exact_dequant(q["weight"], q["weight_scale"], q["weight_scale_2"])
 
 
-def check_w4a16(n, k, m):
+def check_w4a16(n, k, m, kernel="auto"):
     _, pw, wd = _weight(n, k, n + k)
     x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    plan = K.w4a16_plan(m, n, k, sms)
-    y = K.gemm_w4a16(x, pw)
+    plan = K.w4a16_plan(m, n, k, sms, kernel=kernel)
+    y = K.gemm_w4a16(x, pw, kernel=kernel)
     torch.cuda.synchronize()
     ok, msg = within_tolerance(y, x.float() @ wd.t(), x.float().abs() @ wd.abs().t())
-    return ok, f"{msg} (plan m_tiles={plan['m_tiles']} splits={plan['splits']} ctas={plan['n_ctas']})"
+    which = f"warp-K x{plan['warpk_warps']} warps" if plan["warpk"] else f"split-K splits={plan['splits']}"
+    return ok, f"{msg} (plan {which} m_tiles={plan['m_tiles']} ctas={plan['n_ctas']})"
 
 
-def check_w4a16_pdl_chain(m):
+def check_w4a16_pdl_chain(m, kernel="auto"):
     """Six dependent GEMMs on one workspace, PDL on vs off: bitwise equal (the PDL hazards)."""
     layers = [_weight(2048, 2048, 70 + i)[1] for i in range(6)]
     x0 = torch.randn(m, 2048, device="cuda").to(torch.bfloat16)
@@ -97,7 +98,7 @@ def check_w4a16_pdl_chain(m):
     for pdl in (False, True):
         x = x0
         for pw in layers:
-            x = K.gemm_w4a16(x, pw, pdl=pdl)
+            x = K.gemm_w4a16(x, pw, pdl=pdl, kernel=kernel)
         ys[pdl] = x
     torch.cuda.synchronize()
     diff = int((ys[False] != ys[True]).sum())
@@ -109,8 +110,8 @@ def check_w4a16_cluster(n, k, m):
     _, pw, _ = _weight(n, k, 5 * n + k)
     x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    plan = K.w4a16_plan(m, n, k, sms, cluster=True)
-    ys = {c: K.gemm_w4a16(x, pw, cluster=c) for c in (False, True)}
+    plan = K.w4a16_plan(m, n, k, sms, cluster=True, kernel="split")
+    ys = {c: K.gemm_w4a16(x, pw, cluster=c, kernel="split") for c in (False, True)}
     torch.cuda.synchronize()
     diff = int((ys[False] != ys[True]).sum())
     return diff == 0 and plan["cluster"], (f"{diff} of {ys[False].numel()} outputs differ "
@@ -122,7 +123,7 @@ def check_w4a16_warps(n, k, m, split_target=0):
     order, so the same bits; and within tolerance of the reference."""
     _, pw, wd = _weight(n, k, 3 * n + k + m)
     x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
-    ys = {w: K.gemm_w4a16(x, pw, warps=w, split_target=split_target) for w in (4, 8)}
+    ys = {w: K.gemm_w4a16(x, pw, warps=w, split_target=split_target, kernel="split") for w in (4, 8)}
     torch.cuda.synchronize()
     diff = int((ys[4] != ys[8]).sum())
     ok, msg = within_tolerance(ys[8], x.float() @ wd.t(), x.float().abs() @ wd.abs().t())
@@ -166,6 +167,9 @@ STEPS = [
     ("gemm_w4a16 M=1  N=5120 K=2048", lambda: check_w4a16(5120, 2048, 1)),
     ("gemm_w4a16 M=16 N=5120 K=2048", lambda: check_w4a16(5120, 2048, 16)),
     ("gemm_w4a16 M=16 N=2624 K=6144", lambda: check_w4a16(2624, 6144, 16)),
+    ("gemm_w4a16 warp-K M=1  N=640  K=2048", lambda: check_w4a16(640, 2048, 1, "warpk")),
+    ("gemm_w4a16 warp-K M=16 N=512  K=6144", lambda: check_w4a16(512, 6144, 16, "warpk")),
+    ("gemm_w4a16 split-K M=1 N=640  K=2048", lambda: check_w4a16(640, 2048, 1, "split")),
     ("gemm_w4a4(emulate) M=256 N=512 K=1024", lambda: check_w4a4(512, 1024, 256)),
     ("poison the split-K partial area", poison_workspace),
     # (N, K, M) that failed test_gemm_shapes_all_m on the H200 (first wrong element at tile 64)
@@ -177,6 +181,8 @@ STEPS = [
     ("gemm_w4a16 glm5 q_a+kv_a M=256  N=2624  K=6144", lambda: check_w4a16(2624, 6144, 256)),
     ("gemm_w4a16 PDL chain M=1", lambda: check_w4a16_pdl_chain(1)),
     ("gemm_w4a16 PDL chain M=16", lambda: check_w4a16_pdl_chain(16)),
+    ("gemm_w4a16 PDL chain M=1 split-K", lambda: check_w4a16_pdl_chain(1, "split")),
+    ("gemm_w4a16 PDL chain M=16 warp-K", lambda: check_w4a16_pdl_chain(16, "warpk")),
     ("gemm_w4a16 cluster reduce M=1  N=5120 K=2048", lambda: check_w4a16_cluster(5120, 2048, 1)),
     ("gemm_w4a16 cluster reduce M=16 N=5120 K=2048", lambda: check_w4a16_cluster(5120, 2048, 16)),
     ("gemm_w4a16 8 warps M=1   N=16384 K=2048", lambda: check_w4a16_warps(16384, 2048, 1)),

@@ -32,7 +32,21 @@ PDL_DEFAULT = os.environ.get("SGLANG_SM120_PDL", "1") not in ("", "0")
 # instead of by the last CTA of each tile; SGLANG_SM120_W4A16_CLUSTER=1 makes it the default.
 CLUSTER_DEFAULT = os.environ.get("SGLANG_SM120_W4A16_CLUSTER", "0") not in ("", "0")
 _FLAG_PDL, _FLAG_CLUSTER, _FLAG_EIGHT_WARPS = 1, 2, 4  # kW4A16Pdl, ...ClusterReduce, ...EightWarps (kernels.h)
+_FLAG_WARPK, _FLAG_SPLITK = 8, 16  # kW4A16WarpK, kW4A16SplitK
 _W4A16_WARPS = (4, 8)
+# Which W4A16 kernel runs: "warpk" (one CTA per 16-row tile, K split over its 8 warps; M <= 16),
+# "split" (128-row CTAs, split-K across CTAs) or "auto" (csrc's default_w4a16_warpk rule).
+_W4A16_KERNEL_FLAGS = {"auto": 0, "warpk": _FLAG_WARPK, "split": _FLAG_SPLITK}
+WARPK_MAX_M = 16  # kW4A16WarpKMaxM
+
+
+def _kernel(value, name: str) -> str:
+    if value not in _W4A16_KERNEL_FLAGS:
+        raise ValueError(f"{name} must be one of {sorted(_W4A16_KERNEL_FLAGS)} (the W4A16 GEMM kernel), got {value!r}")
+    return value
+
+
+KERNEL_DEFAULT = _kernel(os.environ.get("SGLANG_SM120_W4A16_KERNEL", "auto"), "SGLANG_SM120_W4A16_KERNEL")
 
 
 def _warps(value, name: str, auto: bool = False):
@@ -214,7 +228,8 @@ def _check_bias(bias, n: int, dev):
 def gemm_w4a16(x: torch.Tensor, weight: PackedWeight, *, bias: Optional[torch.Tensor] = None,
                out: Optional[torch.Tensor] = None, workspace_buf: Optional[torch.Tensor] = None,
                split_target: int = 0, pdl: Optional[bool] = None,
-               cluster: Optional[bool] = None, warps: Optional[int] = None) -> torch.Tensor:
+               cluster: Optional[bool] = None, warps: Optional[int] = None,
+               kernel: Optional[str] = None) -> torch.Tensor:
     """y bf16 [M, N] = x bf16 [M, K] . dequant(weight)^T (+ bias), fp32 accumulation.
 
     workspace_buf: optional zero-initialised uint8 CUDA buffer owned by the caller's stream
@@ -227,9 +242,15 @@ def gemm_w4a16(x: torch.Tensor, weight: PackedWeight, *, bias: Optional[torch.Te
     Both reductions sum in the same order: the results are bit-identical.
     warps: 4 or 8 per 128-row CTA (None: $SGLANG_SM120_W4A16_WARPS, default auto: w4a16_warps);
     the same bits.
+    kernel: "auto", "split" or "warpk" (None: $SGLANG_SM120_W4A16_KERNEL, default auto). "warpk"
+    (M <= 16) runs one CTA per 16-row weight tile with K split over its warps: no split-K
+    hand-off, different summation order (within the same tolerance, not the same bits). With
+    "auto", a nonzero split_target selects the split-K kernel.
     """
     if warps is not None:
         _warps(warps, "warps")  # a bad count is refused before the tensors are looked at
+    if kernel is not None:
+        _kernel(kernel, "kernel")
     _tensor("x", x, _BF16, dim=2)
     dev = x.device
     _check_weight(weight, dev)
@@ -238,6 +259,8 @@ def gemm_w4a16(x: torch.Tensor, weight: PackedWeight, *, bias: Optional[torch.Te
         raise ValueError(f"x: K (= {k}) does not match the weight's K (= {weight.k})")
     if m == 0:
         raise ValueError("x: M must be > 0")
+    if kernel == "warpk" and m > WARPK_MAX_M:
+        raise ValueError(f"kernel='warpk' serves M <= {WARPK_MAX_M}, x has M = {m}")
     _aligned("x", x)
     bias = _check_bias(bias, weight.n, dev)
     y = _out("out", out, (m, weight.n), _BF16, dev)
@@ -247,22 +270,28 @@ def gemm_w4a16(x: torch.Tensor, weight: PackedWeight, *, bias: Optional[torch.Te
         _tensor("workspace_buf", workspace_buf, torch.uint8, device=dev)
         _aligned("workspace_buf", workspace_buf)
     _launch_w4a16(x, weight, bias, y, workspace_buf, int(split_target), PDL_DEFAULT if pdl is None else bool(pdl),
-                  CLUSTER_DEFAULT if cluster is None else bool(cluster), warps)
+                  CLUSTER_DEFAULT if cluster is None else bool(cluster), warps, kernel)
     return y
 
 
 def _launch_w4a16(x, weight: PackedWeight, bias, y, workspace_buf, split_target: int = 0,
-                  pdl: bool = PDL_DEFAULT, cluster: bool = CLUSTER_DEFAULT, warps: Optional[int] = None) -> None:
+                  pdl: bool = PDL_DEFAULT, cluster: bool = CLUSTER_DEFAULT, warps: Optional[int] = None,
+                  kernel: Optional[str] = None) -> None:
     dev = x.device
     warps = w4a16_warps(x.shape[0], warps)
-    flags = (_FLAG_PDL if pdl else 0) | (_FLAG_CLUSTER if cluster else 0) | (_FLAG_EIGHT_WARPS if warps == 8 else 0)
+    if kernel is None:
+        kernel = KERNEL_DEFAULT
+        if kernel == "warpk" and x.shape[0] > WARPK_MAX_M:
+            kernel = "split"  # SGLANG_SM120_W4A16_KERNEL=warpk covers the calls it can serve
+    flags = ((_FLAG_PDL if pdl else 0) | (_FLAG_CLUSTER if cluster else 0) | (_FLAG_EIGHT_WARPS if warps == 8 else 0)
+             | _W4A16_KERNEL_FLAGS[kernel])
     rc = _lib.load().sm120_gemm_w4a16(dev.index, _ptr(x), _ptr(weight.qweight), _ptr(weight.scales),
                                       _ptr(weight.weight_scale_2), _ptr(bias), _ptr(y), x.shape[0], weight.n,
                                       weight.k, _ptr(workspace_buf), workspace_buf.numel(), split_target,
                                       flags, _stream(dev))
     _lib.check(rc, "gemm_w4a16")
     _debug_sync(dev, f"gemm_w4a16(M={x.shape[0]}, N={weight.n}, K={weight.k}, split_target={split_target}, "
-                     f"pdl={pdl}, cluster={cluster}, warps={warps})")
+                     f"pdl={pdl}, cluster={cluster}, warps={warps}, kernel={kernel})")
 
 
 _W4A4_MODES = {"auto": 0, "hardware": 1, "emulate": 2}
@@ -346,16 +375,17 @@ def layer_w4a4(x, input_scale, input_scale_inv, weight: PackedWeight, bias) -> t
 
 
 def w4a16_plan(m: int, n: int, k: int, sm_count: int, workspace_bytes: int = _WORKSPACE_BYTES,
-               split_target: int = 0, cluster: bool = False) -> dict:
+               split_target: int = 0, cluster: bool = False, kernel: str = "auto") -> dict:
     """The split-K plan the W4A16 GEMM would use and its workspace layout (host only; for tests
     and benchmarks). Tickets (one int per tile z * n_ctas + x) occupy the first
     ticket_region_bytes for every plan; partial slot (tile, split) starts at
     partial_offset + (tile * splits + split) * partial_tile_bytes. cluster: as gemm_w4a16's;
     "cluster" in the result says whether this plan reduces in a cluster (then it uses no
-    workspace)."""
+    workspace). kernel: as gemm_w4a16's; "warpk" in the result says which kernel the plan runs
+    (then n_ctas counts 16-row tiles, chunks_per_split is per warp and warpk_warps the warps per CTA)."""
     lib = _lib.load()
-    flags = _FLAG_CLUSTER if cluster else 0
-    out = (ctypes.c_int * 7)()
+    flags = (_FLAG_CLUSTER if cluster else 0) | _W4A16_KERNEL_FLAGS[_kernel(kernel, "kernel")]
+    out = (ctypes.c_int * 8)()
     need = ctypes.c_size_t(0)
     _lib.check(lib.sm120_w4a16_plan(m, n, k, sm_count, workspace_bytes, split_target, flags, out,
                                     ctypes.byref(need)), "w4a16_plan")
@@ -363,6 +393,7 @@ def w4a16_plan(m: int, n: int, k: int, sm_count: int, workspace_bytes: int = _WO
     _lib.check(lib.sm120_w4a16_workspace_layout(m, n, k, sm_count, workspace_bytes, split_target, flags, lay),
                "w4a16_workspace_layout")
     return {"m_tiles": out[0], "m_blocks": out[1], "n_ctas": out[2], "splits": out[3],
-            "chunks_per_split": out[4], "cluster": bool(out[5]), "split_target": out[6],
+            "chunks_per_split": out[4], "cluster": bool(out[5]), "split_target": out[6], "warpk": bool(out[7]),
+            "warpk_warps": out[7],
             "workspace_bytes": need.value,
             "ticket_region_bytes": lay[0], "partial_offset": lay[1], "partial_tile_bytes": lay[2]}

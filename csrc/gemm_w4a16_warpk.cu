@@ -1,0 +1,148 @@
+// Small-M NVFP4 W4A16 GEMM for few output rows: Y[M,N] = X[M,K] . dequant(W)^T (+ bias), M <= 16.
+// One CTA per 16-row weight tile and token block; its 8 warps split K, each streaming its slice
+// of the tile straight into registers (no shared-memory staging), and the 8 partial sums meet in
+// shared memory, summed in warp order (deterministic).
+//
+// Why a second kernel: gemm_w4a16.cu's CTA owns 128 rows, so a projection with few rows (N = 512
+// .. 1280 at TP 4/8) has 4-10 CTAs along N and must split K across CTAs to reach the SMs. On the
+// H200 the hand-off of those splits (partials through L2, a release/acquire ticket, the last CTA
+// loading them back) took 2.5 of a 4.9 us call (session 12 timeline, qwen3 qkv TP 8, M = 1), more
+// than the weights took to arrive. Here a 16-row tile is its own CTA (40 CTAs for N = 640 instead
+// of 5) and K splits inside the CTA, where partials meet through shared memory behind one barrier.
+// The chunk math (decode, scale, MMA) and the store are gemm_w4a16.cu's (w4a16.cuh); the plan
+// (plan_w4a16) decides which kernel runs.
+#include "w4a16.cuh"
+
+namespace sm120 {
+namespace {
+
+// A streamed weight or scale fragment: read once per call, so it does not displace L1 lines.
+__device__ __forceinline__ uint4 ldg_stream128(const void* p) {
+  uint4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p));
+  return v;
+}
+__device__ __forceinline__ uint2 ldg_stream64(const void* p) {
+  uint2 v;
+  asm volatile("ld.global.nc.L1::no_allocate.v2.u32 {%0,%1}, [%2];\n" : "=r"(v.x), "=r"(v.y) : "l"(p));
+  return v;
+}
+// Activations are written by the previous kernel, which under PDL may still be running when this
+// grid starts: read them at L2 (.cg), never through the non-coherent path, and only after
+// pdl_wait(). asm volatile keeps them after the wait.
+__device__ __forceinline__ uint4 ldg_l2_128(const void* p) {
+  uint4 v;
+  asm volatile("ld.global.cg.v4.u32 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p)
+               : "memory");
+  return v;
+}
+
+// Chunks a warp loads before computing them: 4 keeps 4 x 16 B of weights (plus scales and X) in
+// flight per thread at 2-3 resident CTAs per SM without spilling at the 16-token tile.
+#ifndef SM120_WARPK_BATCH16
+#define SM120_WARPK_BATCH16 4
+#endif
+template <int M_TILES, int WARPS>
+__host__ __device__ constexpr int warpk_batch() { return WARPS == 16 && M_TILES == 1 ? SM120_WARPK_BATCH16 : 4; }
+
+template <int M_TILES, int WARPS>
+__global__ void __launch_bounds__(32 * WARPS) gemm_w4a16_warpk_kernel(const W4A16Params p) {
+  constexpr int kWarpKBatch = warpk_batch<M_TILES, WARPS>();
+  __shared__ float part[WARPS][M_TILES * 4][32];
+  const int tid = threadIdx.x;
+  const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+  const int tile = blockIdx.x;  // 16-row tile of the packed weight: group tile / 8, row tile tile % 8
+  const int group = tile >> 3, rt = tile & 7;
+  const int tok0 = blockIdx.z * 8 * M_TILES;
+  const int c_begin = min(warp * p.chunks_per_split, p.n_chunks);
+  const int c_end = min(c_begin + p.chunks_per_split, p.n_chunks);
+
+  const uint8_t* w_src = p.qweight + (int64_t)tile * p.n_chunks * 512 + lane * 16;
+  const uint8_t* s_src = p.scales + (int64_t)group * p.n_chunks * 512 + rt * 64 + w4a16_scale_offset(g);
+  const __nv_bfloat16* x_src[M_TILES];
+  bool x_ok[M_TILES];
+#pragma unroll
+  for (int mt = 0; mt < M_TILES; ++mt) {
+    const int tok = tok0 + mt * 8 + g;
+    x_ok[mt] = tok < p.M;
+    x_src[mt] = p.x + (int64_t)(x_ok[mt] ? tok : 0) * p.K + 8 * t;
+  }
+  const uint32_t scale_sel = w4a16_scale_select(t);
+
+  uint4 wq[kWarpKBatch];
+  uint2 sc[kWarpKBatch];
+  auto load_weights = [&](int c0) {
+#pragma unroll
+    for (int u = 0; u < kWarpKBatch; ++u)
+      if (c0 + u < c_end) {
+        wq[u] = ldg_stream128(w_src + (int64_t)(c0 + u) * 512);
+        sc[u] = ldg_stream64(s_src + (int64_t)(c0 + u) * 512);
+      }
+  };
+
+  float acc[M_TILES][4] = {};
+  // The first batch of weights is requested before pdl_wait(): under PDL its DRAM latency overlaps
+  // the previous kernel's tail (no earlier kernel writes weights). Every warp waits, even one
+  // without chunks, before anything reads X or writes Y.
+  load_weights(c_begin);
+  pdl_wait();
+  for (int c0 = c_begin; c0 < c_end; c0 += kWarpKBatch) {
+    if (c0 != c_begin) load_weights(c0);
+    uint4 xl[kWarpKBatch][M_TILES], xh[kWarpKBatch][M_TILES];
+#pragma unroll
+    for (int u = 0; u < kWarpKBatch; ++u)
+#pragma unroll
+      for (int mt = 0; mt < M_TILES; ++mt) {
+        const int k = (c0 + u) * kChunkK + 8 * t;  // xl at k, xh at k + 32 (16-byte units: K % 8 == 0)
+        const bool in = x_ok[mt] && c0 + u < c_end;
+        xl[u][mt] = in && k < p.K ? ldg_l2_128(x_src[mt] + (c0 + u) * kChunkK) : make_uint4(0, 0, 0, 0);
+        xh[u][mt] = in && k + 32 < p.K ? ldg_l2_128(x_src[mt] + (c0 + u) * kChunkK + 32) : make_uint4(0, 0, 0, 0);
+      }
+#pragma unroll
+    for (int u = 0; u < kWarpKBatch; ++u)
+      if (c0 + u < c_end) w4a16_chunk_mma<M_TILES>(acc, wq[u], sc[u], scale_sel, xl[u], xh[u]);
+  }
+  // Every load of this grid is issued; the next grid may start prefetching its own weights.
+  pdl_launch_dependents();
+
+#pragma unroll
+  for (int mt = 0; mt < M_TILES; ++mt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) part[warp][mt * 4 + e][lane] = acc[mt][e];
+  __syncthreads();
+  // Warp q sums accumulator element q (M tile q / 4, element q % 4) over the warps, in warp order.
+  const int q = warp;
+  if (q < M_TILES * 4) {
+    float v = part[0][q][lane];
+#pragma unroll
+    for (int w = 1; w < WARPS; ++w) v += part[w][q][lane];
+    const float alpha = __ldg(p.weight_scale_2) * 256.0f;
+    w4a16_store(p, group, rt, tok0, g, t, q >> 2, q & 3, v, alpha);
+  }
+}
+
+template <int WARPS>
+cudaError_t launch_warpk(const W4A16Params& p, const W4A16Plan& plan, bool pdl, cudaStream_t stream) {
+  const dim3 grid(plan.n_ctas, 1, plan.m_blocks), block(32 * WARPS);
+  return plan.m_tiles == 1 ? launch_kernel(gemm_w4a16_warpk_kernel<1, WARPS>, grid, block, stream, pdl, 1u, p)
+                           : launch_kernel(gemm_w4a16_warpk_kernel<2, WARPS>, grid, block, stream, pdl, 1u, p);
+}
+
+}  // namespace
+
+int launch_gemm_w4a16_warpk(const W4A16Params& p, const W4A16Plan& plan, bool pdl, cudaStream_t stream) {
+  const cudaError_t err = plan.warpk_warps == 16 ? launch_warpk<16>(p, plan, pdl, stream)
+                                                 : launch_warpk<8>(p, plan, pdl, stream);
+  if (err != cudaSuccess) {
+    (void)cudaGetLastError();  // the same error is pending there: do not report it twice
+    return set_error(kLaunchFailed, "gemm_w4a16 (warp-K): launch failed (pdl=%d, m_tiles=%d, warps=%d): %s",
+                     pdl ? 1 : 0, plan.m_tiles, plan.warpk_warps, cudaGetErrorString(err));
+  }
+  return check_launch("gemm_w4a16_warpk");
+}
+
+}  // namespace sm120
