@@ -360,7 +360,7 @@ bool default_w4a16_warpk(int M, int N, int K, int sm_count) {
   const int64_t tiles = round_up(N, kGroupRows) / kGroupRows;  // one token block at M <= 16
   if (default_split_target_w4a16(M, N, K, sm_count, tiles) <= tiles) return false;
   const int64_t weight_bytes = (int64_t)N * K / 2 + (int64_t)N * K / 16;  // e2m1 + e4m3 scales
-  return weight_bytes < (M <= 8 ? kW4A16WarpKMaxWeightBytes : kW4A16WarpKMaxWeightBytesM16);
+  return weight_bytes < w4a16_warpk_max_weight_bytes(M);
 }
 
 W4A16Plan plan_w4a16(int M, int N, int K, int sm_count, size_t workspace_bytes, int split_target,

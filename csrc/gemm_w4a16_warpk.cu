@@ -42,16 +42,13 @@ __device__ __forceinline__ uint4 ldg_l2_128(const void* p) {
 }
 
 // Chunks a warp loads before computing them: 4 keeps 4 x 16 B of weights (plus scales and X) in
-// flight per thread at 2-3 resident CTAs per SM without spilling at the 16-token tile.
-#ifndef SM120_WARPK_BATCH16
-#define SM120_WARPK_BATCH16 4
-#endif
-template <int M_TILES, int WARPS>
-__host__ __device__ constexpr int warpk_batch() { return WARPS == 16 && M_TILES == 1 ? SM120_WARPK_BATCH16 : 4; }
+// flight per thread, at 92-128 registers without spilling. 6 for the 16-warp 8-token kernel (124
+// registers) was 0.95-0.97x on glm5 shared gate_up TP 4/8 at M 1-4 and 1.02-1.04x on qwen3 o_proj
+// TP 1 (H200, session 13): not kept.
+constexpr int kWarpKBatch = 4;
 
 template <int M_TILES, int WARPS>
 __global__ void __launch_bounds__(32 * WARPS) gemm_w4a16_warpk_kernel(const W4A16Params p) {
-  constexpr int kWarpKBatch = warpk_batch<M_TILES, WARPS>();
   __shared__ float part[WARPS][M_TILES * 4][32];
   const int tid = threadIdx.x;
   const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;

@@ -85,10 +85,7 @@ enum : int {
 // the SMs one each (each warp's slice of a long K then needs fewer serial DRAM round trips: glm5
 // shared gate_up TP 4/8 0.88x the 8-warp time; with more CTAs than SMs, 16 warps took 1.1-1.3x);
 // and the largest M it serves (two 8-token tiles).
-#ifndef SM120_WARPK16_MIN_CHUNKS
-#define SM120_WARPK16_MIN_CHUNKS 64
-#endif
-constexpr int kW4A16WarpK16MinChunks = SM120_WARPK16_MIN_CHUNKS;
+constexpr int kW4A16WarpK16MinChunks = 64;
 constexpr int kW4A16WarpKMaxM = 16;
 // The splits of one tile form one cluster: at most the portable cluster size.
 constexpr int kW4A16MaxClusterSplits = 8;
@@ -114,11 +111,12 @@ int64_t default_split_target_w4a16(int M, int N, int K, int sm_count, int64_t ti
 // Whether a call runs the warp-K kernel when the caller does not say. Fitted on the H200 (session
 // 13, tools/gpu_host/w4a16_kernel_ab.py: 22 shapes x M 1..16, both kernels timed on every row):
 // warp-K wherever the split-K kernel would split K and the weight (packed + scales) is under
-// 12 MB at M <= 8 (0.61-0.93x the split-K time there) or under 5 MB at M 9..16 (0.66-0.99x;
-// its 16-token tile reads X twice per weight fragment, which larger weights do not hide). Where
-// the 128-row tiles run unsplit, or for larger weights, warp-K took 1.02-2.3x.
-constexpr int64_t kW4A16WarpKMaxWeightBytes = 12000000;
-constexpr int64_t kW4A16WarpKMaxWeightBytesM16 = 5000000;
+// 16 MB at M <= 2, 12 MB at M <= 8 (0.61-0.93x the split-K time there) or 5 MB at M 9..16
+// (0.66-0.99x; its 16-token tile reads X twice per weight fragment, which larger weights do not
+// hide). Where the 128-row tiles run unsplit, or for larger weights, warp-K took 1.02-2.3x.
+constexpr int64_t w4a16_warpk_max_weight_bytes(int M) {
+  return M <= 2 ? 16000000 : M <= 8 ? 12000000 : 5000000;
+}
 bool default_w4a16_warpk(int M, int N, int K, int sm_count);
 // cluster: reduce the splits of a tile inside one thread-block cluster where they fit in one.
 // flags: kW4A16WarpK / kW4A16SplitK pick the kernel (the caller has checked they fit M).

@@ -397,7 +397,7 @@ def test_w4a16_split_shrinks_to_the_most_splits_whose_partials_fit(built, sms):
 @pytest.mark.parametrize("sms", [132, 188])
 def test_w4a16_default_kernel_is_warpk_where_the_split_kernel_splits_and_the_weight_is_small(built, sms):
     """default_w4a16_warpk (csrc/kernels.h): warp-K at M <= 16 where the 128-row kernel would split
-    K and the weight is < 12 MB (M <= 8) or < 5 MB (M 9..16); its 16 warps only where its CTAs
+    K and the weight is < 16 MB (M <= 2), 12 MB (M <= 8) or 5 MB (M 9..16); its 16 warps only where its CTAs
     fit the SMs one each and K has >= 64 chunks; a caller's split target keeps the split kernel."""
     _, out, _ = built
     plan = _plan_fn(out / kb.LIBRARY_NAME)
@@ -406,7 +406,8 @@ def test_w4a16_default_kernel_is_warpk_where_the_split_kernel_splits_and_the_wei
         wbytes = n * k // 2 + n * k // 16
         for m in GEMM_MS:
             p, split = plan(m, n, k, sms), plan(m, n, k, sms, flags=16)
-            want = m <= 16 and split["splits"] > 1 and wbytes < (12_000_000 if m <= 8 else 5_000_000)
+            limit = 16_000_000 if m <= 2 else 12_000_000 if m <= 8 else 5_000_000
+            want = m <= 16 and split["splits"] > 1 and wbytes < limit
             assert bool(p["warpk"]) == want, (m, n, k, p, split)
             if want:
                 tiles16 = -(-n // 128) * 8
