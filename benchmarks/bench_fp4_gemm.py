@@ -560,8 +560,9 @@ def main():
     out = os.environ.get("OUT")
     if out:
         Path(out).mkdir(parents=True, exist_ok=True)
-        shutil.copy(jpath, out)
-        shutil.copy(mpath, out)
+        for path in (jpath, mpath):
+            if path.resolve().parent != Path(out).resolve():  # --results-dir $OUT: already there
+                shutil.copy(path, out)
         (Path(out) / "bench_fp4_gemm.log").write_text("\n".join(log.lines) + "\n")
 
 

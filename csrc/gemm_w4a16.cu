@@ -349,6 +349,7 @@ int64_t default_split_target_w4a16(int M, int N, int K, int sm_count, int64_t ti
   if (4 * tiles >= 3 * (int64_t)sm_count) return tiles;  // one split
   if (K <= kW4A16ShortK && 3 * tiles >= (int64_t)sm_count) return tiles;  // one split
   const int64_t weight_bytes = (int64_t)N * K / 2 + (int64_t)N * K / 16;  // e2m1 + e4m3 scales
+  if (weight_bytes >= kW4A16HugeWeightBytes) return 4 * (int64_t)sm_count;
   if (weight_bytes >= kW4A16LargeWeightBytes) return 2 * (int64_t)sm_count;
   const int64_t target = M <= 16 ? sm_count : sm_count / 2;
   return target > 0 ? target : 1;
@@ -376,10 +377,19 @@ W4A16Plan plan_w4a16(int M, int N, int K, int sm_count, size_t workspace_bytes, 
     plan.m_tiles = M <= 8 ? 1 : 2;
     plan.m_blocks = ceil_div(M, 8 * plan.m_tiles);
     plan.n_ctas = round_up(N, kGroupRows) / kTileRows;
-    plan.splits = 1;
     const int n_chunks = ceil_div(K, kChunkK);
-    plan.warpk_warps = n_chunks >= kW4A16WarpK16MinChunks && (int64_t)plan.n_ctas * plan.m_blocks <= sm_count ? 16 : 8;
-    plan.chunks_per_split = ceil_div(n_chunks, plan.warpk_warps);
+    const int64_t tiles = (int64_t)plan.n_ctas * plan.m_blocks;
+    // Few tiles and a long K (more than one load batch per warp at 16 warps): split each tile's K
+    // over a cluster of CTAs, up to one CTA per SM.
+    int splits = 1;
+    if (n_chunks > kW4A16WarpKClusterMinChunks && tiles < sm_count) {
+      const int64_t fit = sm_count / tiles;
+      splits = (int)(fit < kW4A16MaxClusterSplits ? fit : kW4A16MaxClusterSplits);
+    }
+    plan.chunks_per_split = ceil_div(n_chunks, splits);
+    plan.splits = ceil_div(n_chunks, plan.chunks_per_split);
+    plan.cluster = plan.splits > 1;
+    plan.warpk_warps = plan.chunks_per_split > kW4A16WarpK16MinChunks && tiles * plan.splits <= sm_count ? 16 : 8;
     plan.split_target = plan.n_ctas * plan.m_blocks;
     plan.partial_offset = kW4A16TicketRegionBytes;
     plan.partial_tile_bytes = (size_t)tile_elems(plan.m_tiles) * sizeof(float);

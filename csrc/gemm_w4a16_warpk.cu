@@ -1,7 +1,9 @@
 // Small-M NVFP4 W4A16 GEMM for few output rows: Y[M,N] = X[M,K] . dequant(W)^T (+ bias), M <= 16.
-// One CTA per 16-row weight tile and token block; its 8 warps split K, each streaming its slice
-// of the tile straight into registers (no shared-memory staging), and the 8 partial sums meet in
-// shared memory, summed in warp order (deterministic).
+// One CTA per 16-row weight tile and token block; its 8 or 16 warps split K, each streaming its
+// slice of the tile straight into registers (no shared-memory staging), and the partial sums meet
+// in shared memory, summed in warp order (deterministic). Where the tiles are too few to fill the
+// SMs and K is long, 2..8 CTAs split a tile's K as one thread-block cluster and rank 0 adds the
+// others' sums from their shared memory (DSMEM), in rank order.
 //
 // Why a second kernel: gemm_w4a16.cu's CTA owns 128 rows, so a projection with few rows (N = 512
 // .. 1280 at TP 4/8) has 4-10 CTAs along N and must split K across CTAs to reach the SMs. On the
@@ -55,8 +57,12 @@ __global__ void __launch_bounds__(32 * WARPS) gemm_w4a16_warpk_kernel(const W4A1
   const int tile = blockIdx.x;  // 16-row tile of the packed weight: group tile / 8, row tile tile % 8
   const int group = tile >> 3, rt = tile & 7;
   const int tok0 = blockIdx.z * 8 * M_TILES;
-  const int c_begin = min(warp * p.chunks_per_split, p.n_chunks);
-  const int c_end = min(c_begin + p.chunks_per_split, p.n_chunks);
+  // This CTA's K slice (split blockIdx.y of a cluster, or all of K), then this warp's part of it.
+  const int c_cta = blockIdx.y * p.chunks_per_split;
+  const int c_cta_end = min(c_cta + p.chunks_per_split, p.n_chunks);
+  const int per_warp = ceil_div(p.chunks_per_split, WARPS);
+  const int c_begin = min(c_cta + warp * per_warp, c_cta_end);
+  const int c_end = min(c_begin + per_warp, c_cta_end);
 
   const uint8_t* w_src = p.qweight + (int64_t)tile * p.n_chunks * 512 + lane * 16;
   const uint8_t* s_src = p.scales + (int64_t)group * p.n_chunks * 512 + rt * 64 + w4a16_scale_offset(g);
@@ -113,20 +119,34 @@ __global__ void __launch_bounds__(32 * WARPS) gemm_w4a16_warpk_kernel(const W4A1
   __syncthreads();
   // Warp q sums accumulator element q (M tile q / 4, element q % 4) over the warps, in warp order.
   const int q = warp;
-  if (q < M_TILES * 4) {
-    float v = part[0][q][lane];
+  const bool summer = q < M_TILES * 4;
+  float v = 0.0f;
+  if (summer) {
+    v = part[0][q][lane];
 #pragma unroll
     for (int w = 1; w < WARPS; ++w) v += part[w][q][lane];
-    const float alpha = __ldg(p.weight_scale_2) * 256.0f;
-    w4a16_store(p, group, rt, tok0, g, t, q >> 2, q & 3, v, alpha);
   }
+  if (p.splits > 1) {
+    // The K splits of this tile form one cluster (1, splits, 1): rank r = blockIdx.y. Rank 0 adds
+    // the other CTAs' sums from their shared memory in rank order; only thread (q, lane) reads
+    // part[0][q][lane] before overwriting it with its sum.
+    if (summer) part[0][q][lane] = v;
+    cluster_sync();
+    if (blockIdx.y == 0 && summer)
+      for (int r = 1; r < p.splits; ++r) v += ld_shared_cluster_f32(cluster_map_shared(&part[0][q][lane], r));
+    cluster_sync();  // a CTA's shared memory must outlive rank 0's reads of it
+    if (blockIdx.y != 0) return;
+  }
+  if (summer) w4a16_store(p, group, rt, tok0, g, t, q >> 2, q & 3, v, __ldg(p.weight_scale_2) * 256.0f);
 }
 
 template <int WARPS>
 cudaError_t launch_warpk(const W4A16Params& p, const W4A16Plan& plan, bool pdl, cudaStream_t stream) {
-  const dim3 grid(plan.n_ctas, 1, plan.m_blocks), block(32 * WARPS);
-  return plan.m_tiles == 1 ? launch_kernel(gemm_w4a16_warpk_kernel<1, WARPS>, grid, block, stream, pdl, 1u, p)
-                           : launch_kernel(gemm_w4a16_warpk_kernel<2, WARPS>, grid, block, stream, pdl, 1u, p);
+  const dim3 grid(plan.n_ctas, plan.splits, plan.m_blocks), block(32 * WARPS);
+  const unsigned cluster_y = (unsigned)plan.splits;  // 1: no cluster
+  return plan.m_tiles == 1
+             ? launch_kernel(gemm_w4a16_warpk_kernel<1, WARPS>, grid, block, stream, pdl, cluster_y, p)
+             : launch_kernel(gemm_w4a16_warpk_kernel<2, WARPS>, grid, block, stream, pdl, cluster_y, p);
 }
 
 }  // namespace

@@ -81,11 +81,14 @@ enum : int {
   kW4A16SplitK = 16,
   kW4A16KnownFlags = kW4A16Pdl | kW4A16ClusterReduce | kW4A16EightWarps | kW4A16WarpK | kW4A16SplitK
 };
-// Warps of a warp-K CTA: 8, or 16 from kW4A16WarpK16MinChunks 64-K chunks on where its CTAs fit
-// the SMs one each (each warp's slice of a long K then needs fewer serial DRAM round trips: glm5
-// shared gate_up TP 4/8 0.88x the 8-warp time; with more CTAs than SMs, 16 warps took 1.1-1.3x);
-// and the largest M it serves (two 8-token tiles).
-constexpr int kW4A16WarpK16MinChunks = 64;
+// Warps of a warp-K CTA: 8, or 16 where a CTA's K slice has more than kW4A16WarpK16MinChunks
+// 64-K chunks (more than 4 per warp at 8 warps) and its CTAs fit the SMs one each: each warp's
+// slice then needs fewer serial DRAM round trips (glm5 shared gate_up TP 4/8 0.88x the 8-warp
+// time; with more CTAs than SMs, 16 warps took 1.1-1.3x). Past kW4A16WarpKClusterMinChunks chunks
+// (more than 4 per warp at 16 warps) with fewer tiles than SMs, a cluster of up to 8 CTAs splits
+// each tile's K (one CTA per SM at most). And the largest M it serves (two 8-token tiles).
+constexpr int kW4A16WarpK16MinChunks = 32;
+constexpr int kW4A16WarpKClusterMinChunks = 64;
 constexpr int kW4A16WarpKMaxM = 16;
 // The splits of one tile form one cluster: at most the portable cluster size.
 constexpr int kW4A16MaxClusterSplits = 8;
@@ -105,7 +108,11 @@ constexpr int64_t kW4A16MaxTicketTiles = kW4A16TicketRegionBytes / sizeof(int);
 // a microsecond, so once the tiles fill a third of the SMs the split's hand-off (partials through
 // L2, a ticket, the last CTA's loads: 0.3-1.1 us there) costs more than it saves; unsplit was
 // 0.72-0.93x the split time on every such row (glm5 kv_b / shared down at TP 4 and 8, M 1..128).
+// Huge weights (session 13, >= 32 MB): 4 CTAs per SM. glm5 o_proj TP 1 (56.6 MB) ran 0.96-0.97x
+// the 2-per-SM time at M 1-8, 0.84x at 16 and 0.86x at 32 in two H200 runs (the bench's split
+// sweep, s12 and s13; the only such shape in the table, so in-sample).
 constexpr int64_t kW4A16LargeWeightBytes = 8000000;
+constexpr int64_t kW4A16HugeWeightBytes = 32000000;
 constexpr int kW4A16ShortK = 512;
 int64_t default_split_target_w4a16(int M, int N, int K, int sm_count, int64_t tiles);
 // Whether a call runs the warp-K kernel when the caller does not say. Fitted on the H200 (session

@@ -239,14 +239,19 @@ def w4a16_workspace_model(plan, sms, calls, flags=0):
         tag = f"M={m} N={n} K={k} {p}"
         n_chunks = -(-k // 64)
         tokens = 8 * p["m_tiles"]
-        if p["warpk"]:  # grid (x = 16-row tile, z = token block), 8 warps of whole chunks, no workspace
-            if (flags & 16) or m > 16 or p["n_ctas"] != -(-n // 128) * 8 or p["splits"] != 1 or p["cluster"]:
+        if p["warpk"]:  # grid (x = 16-row tile, y = cluster split, z = token block), no workspace
+            tiles = p["n_ctas"] * p["m_blocks"]
+            if (flags & 16) or m > 16 or p["n_ctas"] != -(-n // 128) * 8 or p["workspace_bytes"]:
                 problems.append(f"{tag}: bad warp-K grid")
             if p["m_blocks"] != 1 or tokens < m or (p["m_tiles"] == 2) != (m > 8):
                 problems.append(f"{tag}: warp-K token tile does not cover M")
-            warps = 16 if n_chunks >= 64 and p["n_ctas"] * p["m_blocks"] <= sms else 8  # kW4A16WarpK16MinChunks
-            if p["warpk"] != warps or p["chunks_per_split"] != -(-n_chunks // warps) or p["workspace_bytes"]:
-                problems.append(f"{tag}: warp-K K slices or workspace")
+            # kW4A16WarpKClusterMinChunks / kW4A16WarpK16MinChunks / kW4A16MaxClusterSplits
+            want = min(8, sms // tiles) if n_chunks > 64 and tiles < sms else 1
+            cps = -(-n_chunks // want)
+            want = -(-n_chunks // cps)
+            warps = 16 if cps > 32 and tiles * want <= sms else 8
+            if (p["splits"], p["chunks_per_split"], bool(p["cluster"]), p["warpk"]) != (want, cps, want > 1, warps):
+                problems.append(f"{tag}: warp-K split {want} x {cps} chunks, cluster {want > 1}, {warps} warps expected")
             continue
         # grid (x = 128-row group, y = split, z = token block) covers the output exactly once
         if p["n_ctas"] * 128 < n or (p["n_ctas"] - 1) * 128 >= n:
@@ -301,19 +306,20 @@ def test_w4a16_default_split_target_follows_the_tiles_the_weight_size_and_m(buil
     plan = _plan_fn(out / kb.LIBRARY_NAME)
     seen = set()
     for n, k in GEMM_SHAPES:
-        large = n * k // 2 + n * k // 16 >= 8_000_000  # packed e2m1 + e4m3 scales
+        wbytes = n * k // 2 + n * k // 16  # packed e2m1 + e4m3 scales
+        large, huge = wbytes >= 8_000_000, wbytes >= 32_000_000
         for m in GEMM_MS:
             p = plan(m, n, k, sms, flags=16)  # the split-K kernel's rule
             tiles = p["n_ctas"] * p["m_blocks"]
             unsplit = 4 * tiles >= 3 * sms or (k <= 512 and 3 * tiles >= sms)
-            want = tiles if unsplit else 2 * sms if large else sms if m <= 16 else sms // 2
+            want = tiles if unsplit else 4 * sms if huge else 2 * sms if large else sms if m <= 16 else sms // 2
             assert p["split_target"] == want, (m, n, k, p)
             explicit = plan(m, n, k, sms, split_target=want)
             assert p == explicit, (m, n, k)  # the default is exactly that target's plan
             seen.add("tiles" if want == tiles else want // sms if want >= sms else -1)
             if want == tiles:
                 assert p["splits"] == 1, (m, n, k, p)
-    assert seen == {"tiles", 2, 1, -1}  # every branch of the rule is exercised by the test shapes
+    assert seen == {"tiles", 4, 2, 1, -1}  # every branch of the rule is exercised by the test shapes
     split = lambda m, n, k: plan(m, n, k, sms, flags=16)["splits"]  # noqa: E731
     assert split(1, 6144, 16384) > split(1, 6144, 2048)  # 56 MB vs 7 MB
     # short K: glm5 shared down at TP 8 (48 tiles, K 256) stays unsplit once its tiles fill a third
@@ -398,7 +404,8 @@ def test_w4a16_split_shrinks_to_the_most_splits_whose_partials_fit(built, sms):
 def test_w4a16_default_kernel_is_warpk_where_the_split_kernel_splits_and_the_weight_is_small(built, sms):
     """default_w4a16_warpk (csrc/kernels.h): warp-K at M <= 16 where the 128-row kernel would split
     K and the weight is < 16 MB (M <= 2), 12 MB (M <= 8) or 5 MB (M 9..16); its 16 warps only where its CTAs
-    fit the SMs one each and K has >= 64 chunks; a caller's split target keeps the split kernel."""
+    fit the SMs one each and K has >= 64 chunks (w4a16_workspace_model checks the warp-K grids); a
+    caller's split target keeps the split kernel."""
     _, out, _ = built
     plan = _plan_fn(out / kb.LIBRARY_NAME)
     seen = set()
@@ -410,11 +417,13 @@ def test_w4a16_default_kernel_is_warpk_where_the_split_kernel_splits_and_the_wei
             want = m <= 16 and split["splits"] > 1 and wbytes < limit
             assert bool(p["warpk"]) == want, (m, n, k, p, split)
             if want:
-                tiles16 = -(-n // 128) * 8
-                assert p["warpk"] == (16 if k // 64 >= 64 and tiles16 <= sms else 8), (m, n, k, p)
                 assert plan(m, n, k, sms, split_target=sms)["warpk"] == 0  # an explicit target: split-K
                 seen.add((p["warpk"], p["m_tiles"]))
             elif m <= 16:
                 seen.add("split")
     assert {(8, 1), (8, 2), "split"} <= seen, seen
-    assert (16, 1) in seen or sms == 188  # 16 warps: (1024, 4096) at 132 SMs
+    assert (16, 1) in seen  # 16 warps: (1024, 4096)
+    problems = w4a16_workspace_model(plan, sms, [(m, n, k) for n, k in GEMM_SHAPES + [(512, 6144), (48, 4160)]
+                                                 for m in range(1, 17)])
+    assert not problems, problems[:3]
+    assert plan(1, 512, 6144, sms)["cluster"] and plan(1, 512, 6144, sms)["warpk"]  # glm5 shared gate_up TP 8

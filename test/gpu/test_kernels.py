@@ -398,14 +398,17 @@ def test_split_k_workspace_reused_across_plans(K):
     assert big["n_ctas"] * big["m_blocks"] > 64 and big["splits"] > 1  # a > 64-tile plan really splits
 
 
-WARPK_EDGE_CASES = [(48, 48), (48, 336), (640, 2048), (272, 80), (2624, 6144)]  # N < 128, K tails, N % 128
+# N < 128, K tails, N % 128; clusters of 2..8 CTAs per tile (K > 4096 with few tiles, a last split
+# shorter than the others at (48, 4160))
+WARPK_EDGE_CASES = [(48, 48), (48, 336), (640, 2048), (272, 80), (2624, 6144), (512, 6144), (1024, 6144),
+                    (48, 4160)]
 
 
 @pytest.mark.parametrize("n,k", WARPK_EDGE_CASES, ids=[f"N{n}-K{k}" for n, k in WARPK_EDGE_CASES])
 def test_warpk_edges_bias_determinism_and_graph(K, n, k):
-    """The warp-K kernel on partial 128-row groups, K tails inside a chunk and warps without
-    chunks (K = 48: one chunk for 8 warps), every M it serves, with bias and an out buffer;
-    repeated calls and a captured PDL graph give the same bits."""
+    """The warp-K kernel on partial 128-row groups, K tails inside a chunk, warps without chunks
+    (K = 48: one chunk for 8 warps) and cluster splits, every M it serves, with bias and an out
+    buffer; repeated calls and a captured PDL graph give the same bits."""
     q = _weight(n, k, 13 * n + k)
     pw = K.pack_weight(q["weight"], q["weight_scale"], q["weight_scale_2"])
     wd = _exact_dequant(q["weight"], q["weight_scale"], q["weight_scale_2"])
@@ -413,7 +416,7 @@ def test_warpk_edges_bias_determinism_and_graph(K, n, k):
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     for m in range(1, K.WARPK_MAX_M + 1):
         plan = K.w4a16_plan(m, n, k, sms, kernel="warpk")
-        assert plan["warpk"] and plan["splits"] == 1 and plan["workspace_bytes"] == 0, plan
+        assert plan["warpk"] and plan["workspace_bytes"] == 0 and plan["cluster"] == (plan["splits"] > 1), plan
         x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
         out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
         y = K.gemm_w4a16(x, pw, bias=bias, out=out, kernel="warpk")

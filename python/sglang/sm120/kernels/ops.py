@@ -382,7 +382,8 @@ def w4a16_plan(m: int, n: int, k: int, sm_count: int, workspace_bytes: int = _WO
     partial_offset + (tile * splits + split) * partial_tile_bytes. cluster: as gemm_w4a16's;
     "cluster" in the result says whether this plan reduces in a cluster (then it uses no
     workspace). kernel: as gemm_w4a16's; "warpk" in the result says which kernel the plan runs
-    (then n_ctas counts 16-row tiles, chunks_per_split is per warp and warpk_warps the warps per CTA)."""
+    (then n_ctas counts 16-row tiles, splits the CTAs of a cluster per tile and warpk_warps the
+    warps per CTA)."""
     lib = _lib.load()
     flags = (_FLAG_CLUSTER if cluster else 0) | _W4A16_KERNEL_FLAGS[_kernel(kernel, "kernel")]
     out = (ctypes.c_int * 8)()
