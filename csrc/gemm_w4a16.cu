@@ -381,15 +381,19 @@ W4A16Plan plan_w4a16(int M, int N, int K, int sm_count, size_t workspace_bytes, 
     const int64_t tiles = (int64_t)plan.n_ctas * plan.m_blocks;
     // Few tiles and a long K (more than one load batch per warp at 16 warps): split each tile's K
     // over a cluster of CTAs, up to one CTA per SM.
+    constexpr int kMaxSplits = kW4A16WarpKMaxClusterWarps / 8;
     int splits = 1;
     if (n_chunks > kW4A16WarpKClusterMinChunks && tiles < sm_count) {
       const int64_t fit = sm_count / tiles;
-      splits = (int)(fit < kW4A16MaxClusterSplits ? fit : kW4A16MaxClusterSplits);
+      splits = (int)(fit < kMaxSplits ? fit : kMaxSplits);
     }
     plan.chunks_per_split = ceil_div(n_chunks, splits);
     plan.splits = ceil_div(n_chunks, plan.chunks_per_split);
     plan.cluster = plan.splits > 1;
-    plan.warpk_warps = plan.chunks_per_split > kW4A16WarpK16MinChunks && tiles * plan.splits <= sm_count ? 16 : 8;
+    plan.warpk_warps = plan.chunks_per_split > kW4A16WarpK16MinChunks && tiles * plan.splits <= sm_count &&
+                               16 * plan.splits <= kW4A16WarpKMaxClusterWarps
+                           ? 16
+                           : 8;
     plan.split_target = plan.n_ctas * plan.m_blocks;
     plan.partial_offset = kW4A16TicketRegionBytes;
     plan.partial_tile_bytes = (size_t)tile_elems(plan.m_tiles) * sizeof(float);

@@ -2,7 +2,7 @@
 // One CTA per 16-row weight tile and token block; its 8 or 16 warps split K, each streaming its
 // slice of the tile straight into registers (no shared-memory staging), and the partial sums meet
 // in shared memory, summed in warp order (deterministic). Where the tiles are too few to fill the
-// SMs and K is long, 2..8 CTAs split a tile's K as one thread-block cluster and rank 0 adds the
+// SMs and K is long, 2..4 CTAs split a tile's K as one thread-block cluster and rank 0 adds the
 // others' sums from their shared memory (DSMEM), in rank order.
 //
 // Why a second kernel: gemm_w4a16.cu's CTA owns 128 rows, so a projection with few rows (N = 512

@@ -85,10 +85,14 @@ enum : int {
 // 64-K chunks (more than 4 per warp at 8 warps) and its CTAs fit the SMs one each: each warp's
 // slice then needs fewer serial DRAM round trips (glm5 shared gate_up TP 4/8 0.88x the 8-warp
 // time; with more CTAs than SMs, 16 warps took 1.1-1.3x). Past kW4A16WarpKClusterMinChunks chunks
-// (more than 4 per warp at 16 warps) with fewer tiles than SMs, a cluster of up to 8 CTAs splits
+// (more than 4 per warp at 16 warps) with fewer tiles than SMs, a cluster of up to 4 CTAs splits
 // each tile's K (one CTA per SM at most). And the largest M it serves (two 8-token tiles).
+// At most 32 warps per cluster: clusters of 64 warps (8 CTAs x 8 warps, or 4 x 16) ran glm5 shared
+// gate_up TP 8 1.6x slower than 4 x 8 on the H200 (session 13), so a cluster has at most 4 CTAs
+// of 8 warps or 2 of 16.
 constexpr int kW4A16WarpK16MinChunks = 32;
 constexpr int kW4A16WarpKClusterMinChunks = 64;
+constexpr int kW4A16WarpKMaxClusterWarps = 32;
 constexpr int kW4A16WarpKMaxM = 16;
 // The splits of one tile form one cluster: at most the portable cluster size.
 constexpr int kW4A16MaxClusterSplits = 8;

@@ -246,10 +246,10 @@ def w4a16_workspace_model(plan, sms, calls, flags=0):
             if p["m_blocks"] != 1 or tokens < m or (p["m_tiles"] == 2) != (m > 8):
                 problems.append(f"{tag}: warp-K token tile does not cover M")
             # kW4A16WarpKClusterMinChunks / kW4A16WarpK16MinChunks / kW4A16MaxClusterSplits
-            want = min(8, sms // tiles) if n_chunks > 64 and tiles < sms else 1
+            want = min(4, sms // tiles) if n_chunks > 64 and tiles < sms else 1  # <= 32 warps per cluster
             cps = -(-n_chunks // want)
             want = -(-n_chunks // cps)
-            warps = 16 if cps > 32 and tiles * want <= sms else 8
+            warps = 16 if cps > 32 and tiles * want <= sms and 16 * want <= 32 else 8
             if (p["splits"], p["chunks_per_split"], bool(p["cluster"]), p["warpk"]) != (want, cps, want > 1, warps):
                 problems.append(f"{tag}: warp-K split {want} x {cps} chunks, cluster {want > 1}, {warps} warps expected")
             continue

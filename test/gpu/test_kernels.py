@@ -398,7 +398,7 @@ def test_split_k_workspace_reused_across_plans(K):
     assert big["n_ctas"] * big["m_blocks"] > 64 and big["splits"] > 1  # a > 64-tile plan really splits
 
 
-# N < 128, K tails, N % 128; clusters of 2..8 CTAs per tile (K > 4096 with few tiles, a last split
+# N < 128, K tails, N % 128; clusters of 2..4 CTAs per tile (K > 4096 with few tiles, a last split
 # shorter than the others at (48, 4160))
 WARPK_EDGE_CASES = [(48, 48), (48, 336), (640, 2048), (272, 80), (2624, 6144), (512, 6144), (1024, 6144),
                     (48, 4160)]
