@@ -28,25 +28,6 @@
 namespace sm120 {
 namespace {
 
-#ifdef SM120_W4A16_TIMELINE
-// Diagnostics build only (tools/gpu_host/w4a16_timeline.cu; never in the library): thread 0 of
-// every CTA stamps the global timer at the milestones of a call, so the probe can say where a
-// small call's microseconds go (first bytes, compute, split-K hand-off, reduction).
-__device__ W4A16Stamps* g_w4a16_stamps;  // null: no stamps
-#define SM120_W4A16_STAMP(k)                                                                   \
-  do {                                                                                         \
-    if (g_w4a16_stamps != nullptr && threadIdx.x == 0) {                                       \
-      unsigned long long now;                                                                  \
-      asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));                                  \
-      W4A16Stamps& st = g_w4a16_stamps[blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z)]; \
-      st.t[k] = now;                                                                           \
-      if ((k) == 0) asm volatile("mov.u32 %0, %%smid;" : "=r"(st.smid));                      \
-    }                                                                                          \
-  } while (0)
-#else
-#define SM120_W4A16_STAMP(k) ((void)0)
-#endif
-
 template <int M_TILES, int WARPS>
 struct W4A16Traits {
   static_assert(WARPS == 4 || WARPS == 8, "4 or 8 warps per 128-row CTA");
@@ -482,7 +463,8 @@ int launch_gemm_w4a16(const void* x, const void* qweight, const void* scales,
 
 #ifdef SM120_W4A16_TIMELINE
 cudaError_t w4a16_attach_stamps(W4A16Stamps* device_buffer) {
-  return cudaMemcpyToSymbol(g_w4a16_stamps, &device_buffer, sizeof(device_buffer));
+  const cudaError_t err = cudaMemcpyToSymbol(g_w4a16_stamps, &device_buffer, sizeof(device_buffer));
+  return err != cudaSuccess ? err : w4a16_warpk_attach_stamps(device_buffer);
 }
 #endif
 

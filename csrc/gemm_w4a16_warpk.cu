@@ -52,6 +52,7 @@ constexpr int kWarpKBatch = 4;
 template <int M_TILES, int WARPS>
 __global__ void __launch_bounds__(32 * WARPS) gemm_w4a16_warpk_kernel(const W4A16Params p) {
   __shared__ float part[WARPS][M_TILES * 4][32];
+  SM120_W4A16_STAMP(0);
   const int tid = threadIdx.x;
   const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
   const int tile = blockIdx.x;  // 16-row tile of the packed weight: group tile / 8, row tile tile % 8
@@ -108,7 +109,9 @@ __global__ void __launch_bounds__(32 * WARPS) gemm_w4a16_warpk_kernel(const W4A1
 #pragma unroll
     for (int u = 0; u < kWarpKBatch; ++u)
       if (c0 + u < c_end) w4a16_chunk_mma<M_TILES>(acc, wq[u], sc[u], scale_sel, xl[u], xh[u]);
+    if (c0 == c_begin) SM120_W4A16_STAMP(1);  // warp 0's first batch arrived and computed
   }
+  SM120_W4A16_STAMP(2);
   // Every load of this grid is issued; the next grid may start prefetching its own weights.
   pdl_launch_dependents();
 
@@ -135,9 +138,13 @@ __global__ void __launch_bounds__(32 * WARPS) gemm_w4a16_warpk_kernel(const W4A1
     if (blockIdx.y == 0 && summer)
       for (int r = 1; r < p.splits; ++r) v += ld_shared_cluster_f32(cluster_map_shared(&part[0][q][lane], r));
     cluster_sync();  // a CTA's shared memory must outlive rank 0's reads of it
+    SM120_W4A16_STAMP(3);
     if (blockIdx.y != 0) return;
+  } else {
+    SM120_W4A16_STAMP(3);
   }
   if (summer) w4a16_store(p, group, rt, tok0, g, t, q >> 2, q & 3, v, __ldg(p.weight_scale_2) * 256.0f);
+  SM120_W4A16_STAMP(4);
 }
 
 template <int WARPS>
@@ -150,6 +157,12 @@ cudaError_t launch_warpk(const W4A16Params& p, const W4A16Plan& plan, bool pdl, 
 }
 
 }  // namespace
+
+#ifdef SM120_W4A16_TIMELINE
+cudaError_t w4a16_warpk_attach_stamps(W4A16Stamps* device_buffer) {
+  return cudaMemcpyToSymbol(g_w4a16_stamps, &device_buffer, sizeof(device_buffer));
+}
+#endif
 
 int launch_gemm_w4a16_warpk(const W4A16Params& p, const W4A16Plan& plan, bool pdl, cudaStream_t stream) {
   const cudaError_t err = plan.warpk_warps == 16 ? launch_warpk<16>(p, plan, pdl, stream)

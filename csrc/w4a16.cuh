@@ -8,6 +8,29 @@
 
 namespace sm120 {
 
+#ifdef SM120_W4A16_TIMELINE
+// Diagnostics build only (tools/gpu_host/w4a16_timeline.cu; never in the library): thread 0 of
+// every CTA stamps the global timer at the milestones of a call, so the probe can say where a
+// small call's microseconds go (first bytes, compute, split-K hand-off, reduction). One pointer
+// per kernel file (static: no relocatable device code), set for both by w4a16_attach_stamps.
+static __device__ W4A16Stamps* g_w4a16_stamps;  // null: no stamps
+#define SM120_W4A16_STAMP(k)                                                                   \
+  do {                                                                                         \
+    if (g_w4a16_stamps != nullptr && threadIdx.x == 0) {                                       \
+      unsigned long long now;                                                                  \
+      asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));                                  \
+      W4A16Stamps& st = g_w4a16_stamps[blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z)]; \
+      st.t[k] = now;                                                                           \
+      if ((k) == 0) asm volatile("mov.u32 %0, %%smid;" : "=r"(st.smid));                      \
+    }                                                                                          \
+  } while (0)
+#else
+#define SM120_W4A16_STAMP(k) ((void)0)
+#endif
+#ifdef SM120_W4A16_TIMELINE
+cudaError_t w4a16_warpk_attach_stamps(W4A16Stamps* device_buffer);  // gemm_w4a16_warpk.cu's pointer
+#endif
+
 struct W4A16Params {
   const __nv_bfloat16* x;
   const uint8_t* qweight;
