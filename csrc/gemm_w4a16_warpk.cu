@@ -89,9 +89,11 @@ __global__ void __launch_bounds__(32 * WARPS) gemm_w4a16_warpk_kernel(const W4A1
   };
 
   float acc[M_TILES][4] = {};
-  // The first batch of weights is requested before pdl_wait(): under PDL its DRAM latency overlaps
-  // the previous kernel's tail (no earlier kernel writes weights). Every warp waits, even one
-  // without chunks, before anything reads X or writes Y.
+  // Every warp waits, even one without chunks, before anything reads X or writes Y. The first
+  // batch of weights is asked for before pdl_wait() in the source, but ptxas 13.0 puts the wait
+  // (ACQBULK) first in the SASS, so under PDL these loads do not overlap the previous kernel's
+  // tail (the split-K kernel's cp.async copies do). `prefetch.global.L2` of the batch does stay
+  // ahead of the wait (checked in the SASS, session 13); not measured yet, so not used.
   load_weights(c_begin);
   pdl_wait();
   for (int c0 = c_begin; c0 < c_end; c0 += kWarpKBatch) {

@@ -130,6 +130,25 @@ def test_w4a16_prefetches_weights_before_the_pdl_wait_and_has_no_sc_fence(built,
             assert "GLOBALTIMER" not in body, (arch, name, "timeline stamps are for the probe build only")
 
 
+def test_warpk_kernel_sass_waits_triggers_clusters_and_stores_once(built, cuobjdump):
+    """The warp-K kernels (M tile 8/16 x 8/16 warps): one griddepcontrol.wait (ACQBULK) and one
+    launch_dependents (PREEXIT), both cluster barriers of the DSMEM sum (UCGABAR arrive + wait,
+    twice), weights and scales streamed with L1 no-allocate loads, X read at L2 (.cg), one output
+    store (one bias load), no timeline stamps and no cp.async."""
+    _, out, _ = built
+    for arch in ("sm_90a", "sm_120a"):
+        fns = {n: b for n, b in _functions(_dump(cuobjdump, out / kb.LIBRARY_NAME, "-sass", "-arch", arch)).items()
+               if "gemm_w4a16_warpk_kernel" in n}
+        assert len(fns) == 4, (arch, sorted(fns))  # M tiles 1, 2 x 8 or 16 warps
+        for name, body in fns.items():
+            assert body.count("ACQBULK") == 1 and body.count("PREEXIT") == 1, (arch, name)
+            assert body.count("UCGABAR_ARV") == 2 and body.count("UCGABAR_WAIT") == 2, (arch, name)
+            assert "LDG.E.NA.128.CONSTANT" in body and "LDG.E.NA.64.CONSTANT" in body, (arch, name)
+            assert "LDG.E.128.STRONG.GPU" in body, (arch, name)  # ld.global.cg of X
+            assert body.count("LDG.E.U16") == 1 and body.count("STG.E.U16") == 1, (arch, name)
+            assert "LDGSTS" not in body and "GLOBALTIMER" not in body, (arch, name)
+
+
 def test_no_kernel_reads_an_unwritten_uniform_register(built, cuobjdump):
     _, out, _ = built
     for arch in ("sm_90a", "sm_120a"):
