@@ -326,10 +326,13 @@ cudaError_t launch_w4a16_warps(int m_tiles, dim3 grid, cudaStream_t stream, bool
 
 }  // namespace
 
+// Bytes of a packed weight: e2m1 values + e4m3 scales (what the split and kernel rules are keyed on).
+static int64_t w4a16_weight_bytes(int N, int K) { return (int64_t)N * K / 2 + (int64_t)N * K / 16; }
+
 int64_t default_split_target_w4a16(int M, int N, int K, int sm_count, int64_t tiles) {
   if (4 * tiles >= 3 * (int64_t)sm_count) return tiles;  // one split
   if (K <= kW4A16ShortK && 3 * tiles >= (int64_t)sm_count) return tiles;  // one split
-  const int64_t weight_bytes = (int64_t)N * K / 2 + (int64_t)N * K / 16;  // e2m1 + e4m3 scales
+  const int64_t weight_bytes = w4a16_weight_bytes(N, K);
   if (weight_bytes >= kW4A16HugeWeightBytes) return 4 * (int64_t)sm_count;
   if (weight_bytes >= kW4A16LargeWeightBytes) return 2 * (int64_t)sm_count;
   const int64_t target = M <= 16 ? sm_count : sm_count / 2;
@@ -341,24 +344,26 @@ bool default_w4a16_warpk(int M, int N, int K, int sm_count) {
   // Where the 128-row kernel runs unsplit, its tiles already fill the SMs: keep it.
   const int64_t tiles = round_up(N, kGroupRows) / kGroupRows;  // one token block at M <= 16
   if (default_split_target_w4a16(M, N, K, sm_count, tiles) <= tiles) return false;
-  const int64_t weight_bytes = (int64_t)N * K / 2 + (int64_t)N * K / 16;  // e2m1 + e4m3 scales
-  return weight_bytes < w4a16_warpk_max_weight_bytes(M);
+  return w4a16_weight_bytes(N, K) < w4a16_warpk_max_weight_bytes(M);
 }
 
 W4A16Plan plan_w4a16(int M, int N, int K, int sm_count, size_t workspace_bytes, int split_target,
                      int flags) {
   W4A16Plan plan{};
   const bool cluster = (flags & kW4A16ClusterReduce) != 0;
+  // Token tiling and workspace layout are the same for both kernels (warp-K serves M <= 16).
+  plan.m_tiles = M <= 8 ? 1 : M <= 16 ? 2 : M <= 32 ? 4 : 8;
+  plan.m_blocks = ceil_div(M, 8 * plan.m_tiles);
+  plan.partial_offset = kW4A16TicketRegionBytes;
+  plan.partial_tile_bytes = (size_t)tile_elems(plan.m_tiles) * sizeof(float);
+  const int n_chunks = ceil_div(K, kChunkK);
   // A caller's split target asks for the split-K kernel unless kW4A16WarpK says otherwise.
   if ((flags & kW4A16WarpK) ||
       (!(flags & kW4A16SplitK) && split_target <= 0 && default_w4a16_warpk(M, N, K, sm_count))) {
     // One CTA per 16-row tile and token block, K in 8 or 16 slices of whole chunks, nothing to
     // hand off.
     plan.warpk = true;
-    plan.m_tiles = M <= 8 ? 1 : 2;
-    plan.m_blocks = ceil_div(M, 8 * plan.m_tiles);
     plan.n_ctas = round_up(N, kGroupRows) / kTileRows;
-    const int n_chunks = ceil_div(K, kChunkK);
     const int64_t tiles = (int64_t)plan.n_ctas * plan.m_blocks;
     // Few tiles and a long K (more than one load batch per warp at 16 warps): split each tile's K
     // over a cluster of CTAs, up to one CTA per SM.
@@ -376,14 +381,9 @@ W4A16Plan plan_w4a16(int M, int N, int K, int sm_count, size_t workspace_bytes, 
                            ? 16
                            : 8;
     plan.split_target = plan.n_ctas * plan.m_blocks;
-    plan.partial_offset = kW4A16TicketRegionBytes;
-    plan.partial_tile_bytes = (size_t)tile_elems(plan.m_tiles) * sizeof(float);
     return plan;
   }
-  plan.m_tiles = M <= 8 ? 1 : M <= 16 ? 2 : M <= 32 ? 4 : 8;
-  plan.m_blocks = ceil_div(M, 8 * plan.m_tiles);
   plan.n_ctas = round_up(N, kGroupRows) / kGroupRows;
-  const int n_chunks = ceil_div(K, kChunkK);
   const int64_t base = (int64_t)plan.n_ctas * plan.m_blocks;
   const int64_t target = split_target > 0 ? split_target : default_split_target_w4a16(M, N, K, sm_count, base);
   plan.split_target = target > INT32_MAX ? INT32_MAX : (int)target;
@@ -392,8 +392,6 @@ W4A16Plan plan_w4a16(int M, int N, int K, int sm_count, size_t workspace_bytes, 
   if (splits > max_splits) splits = max_splits;
   if (splits > 65535) splits = 65535;
   if (base > kW4A16MaxTicketTiles) splits = 1;  // more tiles than tickets (only with a huge target)
-  plan.partial_offset = kW4A16TicketRegionBytes;
-  plan.partial_tile_bytes = (size_t)tile_elems(plan.m_tiles) * sizeof(float);
   const int cps_unit = plan.m_tiles <= 2 ? 2 : 1;  // whole pipeline stages per split
   for (;;) {
     const int cps = round_up(ceil_div(n_chunks, (int)splits), cps_unit);
