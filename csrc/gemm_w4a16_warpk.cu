@@ -154,8 +154,8 @@ cudaError_t launch_warpk(const W4A16Params& p, const W4A16Plan& plan, bool pdl, 
   const dim3 grid(plan.n_ctas, plan.splits, plan.m_blocks), block(32 * WARPS);
   const unsigned cluster_y = (unsigned)plan.splits;  // 1: no cluster
   return plan.m_tiles == 1
-             ? launch_kernel(gemm_w4a16_warpk_kernel<1, WARPS>, grid, block, stream, pdl, cluster_y, p)
-             : launch_kernel(gemm_w4a16_warpk_kernel<2, WARPS>, grid, block, stream, pdl, cluster_y, p);
+             ? launch_kernel(gemm_w4a16_warpk_kernel<1, WARPS>, grid, block, 0, stream, pdl, cluster_y, p)
+             : launch_kernel(gemm_w4a16_warpk_kernel<2, WARPS>, grid, block, 0, stream, pdl, cluster_y, p);
 }
 
 }  // namespace
