@@ -209,13 +209,6 @@ def bench_shape(name, n, k, ms, l2, copy_bw, floor_us, marlin, reps, log):
                     [lambda p=p, kn=kernel: K.gemm_w4a16(x, p, pdl=False, kernel=kn) for p in pws], reps)
             r["ours_warpk_pdl_us"] = time_ops(
                 [lambda p=p: K.gemm_w4a16(x, p, pdl=True, kernel="warpk") for p in pws], reps)
-        # the split-K kernel's two pipelines (same bits); the default picks one by csrc's default_w4a16_deep
-        r["default_deep"] = K.w4a16_plan(m, n, k, sms)["deep"]
-        if m <= K.DEEP_MAX_M:
-            for pipeline in ("shallow", "deep"):
-                r[f"ours_{pipeline}_us"] = time_ops(
-                    [lambda p=p, pl=pipeline: K.gemm_w4a16(x, p, pdl=False, kernel="split", pipeline=pl)
-                     for p in pws], reps)
         r["ours_pdl_us"] = time_ops([lambda p=p: K.gemm_w4a16(x, p, pdl=True) for p in pws], reps)
         # both warp counts per 128-row CTA of the split-K kernel (same bits); the default picks one by M
         r["default_warps"] = K.w4a16_warps(m)
@@ -391,11 +384,6 @@ def summarize(rows, marlin_reason):
         ratios = [r["ours_warpk_us"] / r["ours_split_us"] for r in rows
                   if lo <= r["M"] <= hi and r.get("ours_warpk_us") and r.get("ours_split_us")]
         extra[f"warpk_vs_split_time_m{lo}_{hi}_geomean"] = geo(ratios)
-    # < 1: the deep pipeline beats the shallow one, on the rows whose default is deep and on the rest
-    for which, want in (("default_deep", True), ("default_shallow", False)):
-        ratios = [r["ours_deep_us"] / r["ours_shallow_us"] for r in rows
-                  if r.get("ours_deep_us") and r.get("ours_shallow_us") and bool(r.get("default_deep")) == want]
-        extra[f"deep_vs_shallow_time_{which}_rows_geomean"] = geo(ratios)
     # < 1: that split target beats the default; per M range, geomean over the shapes
     for label, _ in ROW_SPLIT_TARGETS:
         for lo, hi in ((1, 8), (16, 16), (32, 128)):

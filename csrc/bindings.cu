@@ -84,12 +84,6 @@ int check_w4a16_flags(int flags, int M, const char* what) {
     return set_error(kInvalidArgument, "%s: the warp-K and split-K flags exclude each other", what);
   if ((flags & kW4A16WarpK) && M > kW4A16WarpKMaxM)
     return set_error(kInvalidArgument, "%s: the warp-K kernel serves M <= %d, got M=%d", what, kW4A16WarpKMaxM, M);
-  if ((flags & kW4A16DeepPipeline) && (flags & kW4A16ShallowPipeline))
-    return set_error(kInvalidArgument, "%s: the deep and shallow pipeline flags exclude each other", what);
-  if ((flags & kW4A16DeepPipeline) && (flags & kW4A16WarpK))
-    return set_error(kInvalidArgument, "%s: the deep pipeline is the split-K kernel's, not warp-K's", what);
-  if ((flags & kW4A16DeepPipeline) && M > kW4A16DeepMaxM)
-    return set_error(kInvalidArgument, "%s: the deep pipeline serves M <= %d, got M=%d", what, kW4A16DeepMaxM, M);
   return kOk;
 }
 
@@ -106,15 +100,14 @@ const char* sm120_last_error() { return g_error; }
 // 4: `flags` (kW4A16Pdl | kW4A16ClusterReduce) for the W4A16 GEMM and its plan, plan out[5];
 // 5: flag kW4A16EightWarps; 6: plan out[6] = split target (the default is no longer 2 per SM);
 // 7: flags kW4A16WarpK / kW4A16SplitK, plan out[7] = warp-K kernel
-// 8: flags kW4A16DeepPipeline / kW4A16ShallowPipeline, plan out[8] = deep, out[9] = stages
-int sm120_abi_version() { return 8; }
+int sm120_abi_version() { return 7; }
 
 const char* sm120_build_archs() { return SM120_BUILD_ARCHS; }
 
 // Split plan of the W4A16 GEMM;
 // out = {m_tiles, m_blocks, n_ctas, splits, chunks_per_split, cluster-reduced (0/1), split target,
-// warp-K warps per CTA (0: the split-K kernel), deep pipeline (0/1), pipeline buffers (0 for
-// warp-K)}; for warp-K, n_ctas counts 16-row tiles and splits the CTAs of one tile's cluster.
+// warp-K warps per CTA (0: the split-K kernel)}; for warp-K, n_ctas counts 16-row tiles and
+// splits the CTAs of one tile's cluster.
 // Host-only (no device needed): *workspace_needed receives the bytes the plan uses.
 int sm120_w4a16_plan(int M, int N, int K, int sm_count, size_t workspace_bytes, int split_target,
                      int flags, int* out, size_t* workspace_needed) {
@@ -131,8 +124,6 @@ int sm120_w4a16_plan(int M, int N, int K, int sm_count, size_t workspace_bytes, 
   out[5] = p.cluster ? 1 : 0;
   out[6] = p.split_target;
   out[7] = p.warpk ? p.warpk_warps : 0;
-  out[8] = p.deep ? 1 : 0;
-  out[9] = p.warpk ? 0 : p.stages;
   if (workspace_needed) *workspace_needed = p.workspace_bytes;
   return kOk;
 }
@@ -180,8 +171,7 @@ int sm120_quantize_nvfp4(int device, const void* x, const void* global_scale, vo
 // kernel's tail); kW4A16ClusterReduce (2) reduces up to 8 splits inside a thread-block cluster;
 // kW4A16EightWarps (4) runs 8 warps per CTA (one 16-row tile each) instead of 4 (two each);
 // kW4A16WarpK (8, M <= 16) / kW4A16SplitK (16) pick the warp-K or the split-K kernel (default:
-// default_w4a16_warpk); kW4A16DeepPipeline (32, M <= 16; the split-K kernel) / kW4A16ShallowPipeline
-// (64) pick the split-K kernel's pipeline depth (default: default_w4a16_deep).
+// default_w4a16_warpk).
 int sm120_gemm_w4a16(int device, const void* x, const void* qweight, const void* scales,
                      const void* weight_scale_2, const void* bias, void* y, int M, int N, int K,
                      void* workspace, size_t workspace_bytes, int split_target, int flags,

@@ -11,9 +11,7 @@
 //     x 2 row tiles x 16 rows, or 8 warps x 1 row tile (twice the warps per SM for the same grid:
 //     each warp's instruction stream is half as long; every accumulator sees the same MMAs in the
 //     same order, so both give the same bits); stages of 128 K (M <= 16) or 64 K (M <= 64) with
-//     3-4 buffers in 46 KB of static shared memory, or (the deep pipeline, M <= 16) 7-8 buffers
-//     in 96 KB of dynamic shared memory for grids of at most one CTA per SM, which otherwise keep
-//     too few bytes in flight to stream the weights (plan_w4a16 decides).
+//     3-4 buffers.
 //   * multi-stage cp.async pipeline (no L2 cache hints: see cp_async16 in common.cuh).
 //   * split-K over gridDim.y so the grid covers >= 2 CTAs per SM; partial tiles go to a workspace
 //     and the last CTA of a tile (atomic ticket) reduces them in a fixed order (deterministic) and
@@ -21,10 +19,8 @@
 //     Or (cluster reduce, up to 8 splits) the splits of a tile form one thread-block cluster and
 //     split 0 sums the others' partials from their shared memory: no L2 round trips, no
 //     workspace; the same summation order, so both give the same bits.
-//   * static shared memory <= 47 KB for every M tile, the deep pipeline's static + dynamic <= 97 KB
-//     (checked by test_kernel_build.py against SM120's 99 KB per CTA).
+//   * static shared memory <= 47 KB for every M tile (checked by test_kernel_build.py).
 // Values: e2m1 * scale * 2^-8 is exact in bf16; alpha = weight_scale_2 * 2^8 is applied in fp32.
-#include <atomic>
 #include <type_traits>
 
 #include "w4a16.cuh"
@@ -32,7 +28,7 @@
 namespace sm120 {
 namespace {
 
-template <int M_TILES, int WARPS, bool DEEP = false>
+template <int M_TILES, int WARPS>
 struct W4A16Traits {
   static_assert(WARPS == 4 || WARPS == 8, "4 or 8 warps per 128-row CTA");
   static constexpr int kWarps = WARPS;
@@ -47,10 +43,8 @@ struct W4A16Traits {
   static constexpr int kXRowBytes = kChunksPerStage * kChunkK * 2;
   static constexpr int kXBytes = kTokens * kXRowBytes;
   static constexpr int kStageBytes = kWBytes + kSBytes + kXBytes;
-  static_assert(!DEEP || M_TILES <= 2, "the deep pipeline serves M <= 16");
-  static constexpr int kStagesRaw = (DEEP ? kW4A16DeepSmemBytes : 46 * 1024) / kStageBytes;
+  static constexpr int kStagesRaw = (46 * 1024) / kStageBytes;
   static constexpr int kStages = kStagesRaw > 8 ? 8 : kStagesRaw;
-  static constexpr int kSmemBytes = kStages * kStageBytes;  // the pipeline buffers
   static constexpr int kWItems = 8 * kChunksPerStage * 32 / kThreads;        // 16-B copies a thread
   static constexpr int kXUnits = kTokens * kChunksPerStage * 8;  // 16-B copies of X per stage
   static constexpr int kXItems = (kXUnits + kThreads - 1) / kThreads;
@@ -63,14 +57,11 @@ struct W4A16Traits {
 
 enum : int { kLoadWeights = 1, kLoadX = 2 };  // what a pipeline stage load issues
 
-template <int M_TILES, int WARPS, bool DEEP>
+template <int M_TILES, int WARPS>
 __global__ void __launch_bounds__(32 * WARPS) gemm_w4a16_kernel(const W4A16Params p) {
-  using T = W4A16Traits<M_TILES, WARPS, DEEP>;
+  using T = W4A16Traits<M_TILES, WARPS>;
   constexpr int CPS = T::kChunksPerStage;
-  // The deep pipeline's buffers are dynamic (static shared memory stops at 48 KB).
-  __shared__ __align__(128) uint8_t smem_static[DEEP ? 16 : T::kSmemBytes];
-  extern __shared__ __align__(128) uint8_t smem_dynamic[];
-  uint8_t* const smem = DEEP ? smem_dynamic : smem_static;
+  __shared__ __align__(128) uint8_t smem[T::kStages * T::kStageBytes];
   __shared__ int s_is_last;
 
   SM120_W4A16_STAMP(0);
@@ -239,7 +230,7 @@ __global__ void __launch_bounds__(32 * WARPS) gemm_w4a16_kernel(const W4A16Param
 #pragma unroll
         for (int e = 0; e < 4; ++e) sum[i][mt][e] = acc[i][mt][e];
   } else if (p.cluster_reduce) {
-    static_assert(T::kTileElems * sizeof(float) <= T::kSmemBytes, "partial tile must fit the pipeline buffers");
+    static_assert(T::kTileElems * sizeof(float) <= sizeof(smem), "partial tile must fit the pipeline buffers");
     float* part_s = reinterpret_cast<float*>(smem);
     __syncthreads();  // every warp is done reading the pipeline buffers
 #pragma unroll
@@ -322,37 +313,15 @@ constexpr bool tile_sizes_match() {
 }
 static_assert(tile_sizes_match<4>() && tile_sizes_match<8>(), "W4A16 partial tile size");
 
-// Dynamic shared memory above 48 KB must be allowed per kernel on each device, once (host-only
-// and legal under stream capture). One flag set per instantiation: bit d for device d < 64.
-template <int M_TILES, int W>
-cudaError_t launch_w4a16_deep(dim3 grid, cudaStream_t stream, bool pdl, unsigned cluster_y, const W4A16Params& p) {
-  static std::atomic<uint64_t> allowed{0};
-  constexpr int kBytes = W4A16Traits<M_TILES, W, true>::kSmemBytes;
-  int device = 0;
-  cudaError_t err = cudaGetDevice(&device);
-  if (err != cudaSuccess) return err;
-  const uint64_t bit = device < 64 ? uint64_t{1} << device : 0;
-  if (bit == 0 || !(allowed.load(std::memory_order_relaxed) & bit)) {
-    err = cudaFuncSetAttribute(gemm_w4a16_kernel<M_TILES, W, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                               kBytes);
-    if (err != cudaSuccess) return err;
-    allowed.fetch_or(bit, std::memory_order_relaxed);
-  }
-  return launch_kernel(gemm_w4a16_kernel<M_TILES, W, true>, grid, dim3(32 * W), kBytes, stream, pdl, cluster_y, p);
-}
-
 template <int W>
-cudaError_t launch_w4a16_warps(int m_tiles, bool deep, dim3 grid, cudaStream_t stream, bool pdl,
-                               unsigned cluster_y, const W4A16Params& p) {
+cudaError_t launch_w4a16_warps(int m_tiles, dim3 grid, cudaStream_t stream, bool pdl, unsigned cluster_y,
+                               const W4A16Params& p) {
   const dim3 block(32 * W);
-  if (deep)  // plan_w4a16 plans it for m_tiles <= 2 only
-    return m_tiles == 1 ? launch_w4a16_deep<1, W>(grid, stream, pdl, cluster_y, p)
-                        : launch_w4a16_deep<2, W>(grid, stream, pdl, cluster_y, p);
   switch (m_tiles) {
-    case 1: return launch_kernel(gemm_w4a16_kernel<1, W, false>, grid, block, 0, stream, pdl, cluster_y, p);
-    case 2: return launch_kernel(gemm_w4a16_kernel<2, W, false>, grid, block, 0, stream, pdl, cluster_y, p);
-    case 4: return launch_kernel(gemm_w4a16_kernel<4, W, false>, grid, block, 0, stream, pdl, cluster_y, p);
-    default: return launch_kernel(gemm_w4a16_kernel<8, W, false>, grid, block, 0, stream, pdl, cluster_y, p);
+    case 1: return launch_kernel(gemm_w4a16_kernel<1, W>, grid, block, stream, pdl, cluster_y, p);
+    case 2: return launch_kernel(gemm_w4a16_kernel<2, W>, grid, block, stream, pdl, cluster_y, p);
+    case 4: return launch_kernel(gemm_w4a16_kernel<4, W>, grid, block, stream, pdl, cluster_y, p);
+    default: return launch_kernel(gemm_w4a16_kernel<8, W>, grid, block, stream, pdl, cluster_y, p);
   }
 }
 
@@ -379,28 +348,6 @@ bool default_w4a16_warpk(int M, int N, int K, int sm_count) {
   return w4a16_weight_bytes(N, K) < w4a16_warpk_max_weight_bytes(M);
 }
 
-// Pipeline buffers of the split-K kernel for a token tiling (the instantiated traits).
-static int w4a16_stages(int m_tiles, bool deep) {
-  if (deep) return m_tiles == 1 ? W4A16Traits<1, 4, true>::kStages : W4A16Traits<2, 4, true>::kStages;
-  switch (m_tiles) {
-    case 1: return W4A16Traits<1, 4>::kStages;
-    case 2: return W4A16Traits<2, 4>::kStages;
-    case 4: return W4A16Traits<4, 4>::kStages;
-    default: return W4A16Traits<8, 4>::kStages;
-  }
-}
-static_assert(W4A16Traits<1, 4>::kStages == W4A16Traits<1, 8>::kStages &&
-                  W4A16Traits<2, 4, true>::kStages == W4A16Traits<2, 8, true>::kStages,
-              "stages do not depend on the warp count");
-
-bool default_w4a16_deep(const W4A16Plan& plan, int sm_count) {
-  if (plan.warpk || plan.m_tiles > 2) return false;
-  if ((int64_t)plan.n_ctas * plan.m_blocks * plan.splits > sm_count) return false;
-  const int cps_unit = 2;  // chunks per stage at M <= 16
-  const int stages_per_split = ceil_div(plan.chunks_per_split, cps_unit);
-  return stages_per_split > w4a16_stages(plan.m_tiles, false) - 1;
-}
-
 W4A16Plan plan_w4a16(int M, int N, int K, int sm_count, size_t workspace_bytes, int split_target,
                      int flags) {
   W4A16Plan plan{};
@@ -411,9 +358,9 @@ W4A16Plan plan_w4a16(int M, int N, int K, int sm_count, size_t workspace_bytes, 
   plan.partial_offset = kW4A16TicketRegionBytes;
   plan.partial_tile_bytes = (size_t)tile_elems(plan.m_tiles) * sizeof(float);
   const int n_chunks = ceil_div(K, kChunkK);
-  // A caller's split target or pipeline asks for the split-K kernel unless kW4A16WarpK says otherwise.
-  if ((flags & kW4A16WarpK) || (!(flags & (kW4A16SplitK | kW4A16DeepPipeline)) && split_target <= 0 &&
-                                default_w4a16_warpk(M, N, K, sm_count))) {
+  // A caller's split target asks for the split-K kernel unless kW4A16WarpK says otherwise.
+  if ((flags & kW4A16WarpK) ||
+      (!(flags & kW4A16SplitK) && split_target <= 0 && default_w4a16_warpk(M, N, K, sm_count))) {
     // One CTA per 16-row tile and token block, K in 8 or 16 slices of whole chunks, nothing to
     // hand off.
     plan.warpk = true;
@@ -468,9 +415,6 @@ W4A16Plan plan_w4a16(int M, int N, int K, int sm_count, size_t workspace_bytes, 
     // M = 64 ran 3 splits where 5 fit the 8 MB workspace, 1.45x the time on the H200.
     splits = splits - 1;
   }
-  plan.deep = (flags & kW4A16DeepPipeline) != 0 ||
-              (!(flags & kW4A16ShallowPipeline) && default_w4a16_deep(plan, sm_count));
-  plan.stages = w4a16_stages(plan.m_tiles, plan.deep);
   return plan;
 }
 
@@ -506,13 +450,12 @@ int launch_gemm_w4a16(const void* x, const void* qweight, const void* scales,
   }
   const dim3 grid(plan.n_ctas, plan.splits, plan.m_blocks);
   const unsigned cluster_y = plan.cluster ? (unsigned)plan.splits : 1u;
-  const cudaError_t err =
-      eight_warps ? launch_w4a16_warps<8>(plan.m_tiles, plan.deep, grid, stream, pdl, cluster_y, p)
-                  : launch_w4a16_warps<4>(plan.m_tiles, plan.deep, grid, stream, pdl, cluster_y, p);
+  const cudaError_t err = eight_warps ? launch_w4a16_warps<8>(plan.m_tiles, grid, stream, pdl, cluster_y, p)
+                                      : launch_w4a16_warps<4>(plan.m_tiles, grid, stream, pdl, cluster_y, p);
   if (err != cudaSuccess) {
     (void)cudaGetLastError();  // the same error is pending there: do not report it twice
-    return set_error(kLaunchFailed, "gemm_w4a16: launch failed (pdl=%d, cluster=%u, warps=%d, deep=%d): %s",
-                     pdl ? 1 : 0, cluster_y, eight_warps ? 8 : 4, plan.deep ? 1 : 0, cudaGetErrorString(err));
+    return set_error(kLaunchFailed, "gemm_w4a16: launch failed (pdl=%d, cluster=%u, warps=%d): %s", pdl ? 1 : 0,
+                     cluster_y, eight_warps ? 8 : 4, cudaGetErrorString(err));
   }
   return check_launch("gemm_w4a16");
 }

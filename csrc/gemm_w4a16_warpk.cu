@@ -2,8 +2,8 @@
 // One CTA per 16-row weight tile and token block; its 8 or 16 warps split K, each streaming its
 // slice of the tile straight into registers (no shared-memory staging), and the partial sums meet
 // in shared memory, summed in warp order (deterministic). Where the tiles are too few to fill the
-// SMs and K is long, 2..4 CTAs split a tile's K as one thread-block cluster and rank 0 adds the
-// others' sums from their shared memory (DSMEM), in rank order.
+// SMs and K is long, 2..4 CTAs split a tile's K as one thread-block cluster: the other ranks store
+// their sums into rank 0's shared memory (DSMEM) and rank 0 adds them in rank order.
 //
 // Why a second kernel: gemm_w4a16.cu's CTA owns 128 rows, so a projection with few rows (N = 512
 // .. 1280 at TP 4/8) has 4-10 CTAs along N and must split K across CTAs to reach the SMs. On the
@@ -52,7 +52,12 @@ constexpr int kWarpKBatch = 4;
 template <int M_TILES, int WARPS>
 __global__ void __launch_bounds__(32 * WARPS) gemm_w4a16_warpk_kernel(const W4A16Params p) {
   __shared__ float part[WARPS][M_TILES * 4][32];
+  // Cluster plans: the other ranks' sums, written into rank 0's copy (peer[rank - 1]).
+  __shared__ float peer[kW4A16WarpKMaxClusterWarps / 8 - 1][M_TILES * 4][32];
   SM120_W4A16_STAMP(0);
+  // Phase 1 of the cluster barrier: "this CTA has started" (so its shared memory exists before a
+  // peer writes into it); waited for only after the loads, by when every CTA has long arrived.
+  if (p.splits > 1) cluster_arrive_relaxed();
   const int tid = threadIdx.x;
   const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
   const int tile = blockIdx.x;  // 16-row tile of the packed weight: group tile / 8, row tile tile % 8
@@ -132,16 +137,22 @@ __global__ void __launch_bounds__(32 * WARPS) gemm_w4a16_warpk_kernel(const W4A1
     for (int w = 1; w < WARPS; ++w) v += part[w][q][lane];
   }
   if (p.splits > 1) {
-    // The K splits of this tile form one cluster (1, splits, 1): rank r = blockIdx.y. Rank 0 adds
-    // the other CTAs' sums from their shared memory in rank order; only thread (q, lane) reads
-    // part[0][q][lane] before overwriting it with its sum.
-    if (summer) part[0][q][lane] = v;
-    cluster_sync();
-    if (blockIdx.y == 0 && summer)
-      for (int r = 1; r < p.splits; ++r) v += ld_shared_cluster_f32(cluster_map_shared(&part[0][q][lane], r));
-    cluster_sync();  // a CTA's shared memory must outlive rank 0's reads of it
+    // The K splits of this tile form one cluster (1, splits, 1): rank r = blockIdx.y. Ranks r > 0
+    // store their sums into rank 0's peer[r - 1] (DSMEM), arrive (release) and leave; rank 0 waits
+    // for them (acquire) and adds them in rank order. One barrier phase after the loads, not two
+    // full cluster syncs: no CTA waits for rank 0's reads, and no shared memory is read remotely.
+    cluster_wait();  // phase 1: every CTA of the cluster has started
+    if (blockIdx.y != 0) {
+      if (summer) st_shared_cluster_f32(cluster_map_shared(&peer[blockIdx.y - 1][q][lane], 0), v);
+      cluster_arrive();
+      SM120_W4A16_STAMP(3);
+      return;
+    }
+    cluster_arrive();
+    cluster_wait();  // phase 2: the peers' sums are in peer[]
+    if (summer)
+      for (int r = 1; r < p.splits; ++r) v += peer[r - 1][q][lane];
     SM120_W4A16_STAMP(3);
-    if (blockIdx.y != 0) return;
   } else {
     SM120_W4A16_STAMP(3);
   }
@@ -154,8 +165,8 @@ cudaError_t launch_warpk(const W4A16Params& p, const W4A16Plan& plan, bool pdl, 
   const dim3 grid(plan.n_ctas, plan.splits, plan.m_blocks), block(32 * WARPS);
   const unsigned cluster_y = (unsigned)plan.splits;  // 1: no cluster
   return plan.m_tiles == 1
-             ? launch_kernel(gemm_w4a16_warpk_kernel<1, WARPS>, grid, block, 0, stream, pdl, cluster_y, p)
-             : launch_kernel(gemm_w4a16_warpk_kernel<2, WARPS>, grid, block, 0, stream, pdl, cluster_y, p);
+             ? launch_kernel(gemm_w4a16_warpk_kernel<1, WARPS>, grid, block, stream, pdl, cluster_y, p)
+             : launch_kernel(gemm_w4a16_warpk_kernel<2, WARPS>, grid, block, stream, pdl, cluster_y, p);
 }
 
 }  // namespace

@@ -24,10 +24,9 @@ int device_info(int device, DeviceInfo* out);
 // Launch on `stream`; with pdl, as a programmatic dependent launch (the kernel must pdl_wait()
 // before reading anything an earlier kernel writes). Captured into CUDA graphs as a programmatic
 // edge. cluster_y > 1 groups each run of cluster_y CTAs along y into one thread-block cluster.
-// dynamic_smem: bytes of dynamic shared memory (above 48 KB the kernel must have been allowed it).
 template <typename... Params, typename... Args>
-cudaError_t launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, size_t dynamic_smem,
-                          cudaStream_t stream, bool pdl, unsigned cluster_y, Args&&... args) {
+cudaError_t launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, cudaStream_t stream,
+                          bool pdl, unsigned cluster_y, Args&&... args) {
   cudaLaunchAttribute attrs[2];
   unsigned n = 0;
   if (pdl) {
@@ -45,7 +44,7 @@ cudaError_t launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, size
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = grid;
   cfg.blockDim = block;
-  cfg.dynamicSmemBytes = dynamic_smem;
+  cfg.dynamicSmemBytes = 0;
   cfg.stream = stream;
   cfg.attrs = attrs;
   cfg.numAttrs = n;
@@ -68,31 +67,20 @@ struct W4A16Plan {
   bool cluster;               // split-K reduced inside a thread-block cluster (no workspace)
   bool warpk;                 // gemm_w4a16_warpk: one CTA per 16-row tile, K split over its warps
   int warpk_warps;            // its warps per CTA (8 or 16; 0 for the split-K kernel)
-  bool deep;                  // the split-K kernel's deep pipeline (M <= 16, dynamic shared memory)
-  int stages;                 // the split-K kernel's pipeline buffers (0 for warp-K)
   int split_target;           // CTAs aimed for: the caller's, or default_split_target_w4a16's
 };
 // Flags of sm120_gemm_w4a16 / sm120_w4a16_plan.
 // kW4A16EightWarps: 8 warps x 1 row tile per 128-row CTA instead of 4 x 2 (same bits).
 // kW4A16WarpK / kW4A16SplitK: run the warp-K kernel (M <= 16 only) / the 128-row split-K kernel;
 // neither: default_w4a16_warpk decides.
-// kW4A16DeepPipeline / kW4A16ShallowPipeline: the split-K kernel with the deep pipeline (M <= 16;
-// also picks the split-K kernel) / with the 46 KB one; neither: default_w4a16_deep decides.
 enum : int {
   kW4A16Pdl = 1,
   kW4A16ClusterReduce = 2,
   kW4A16EightWarps = 4,
   kW4A16WarpK = 8,
   kW4A16SplitK = 16,
-  kW4A16DeepPipeline = 32,
-  kW4A16ShallowPipeline = 64,
-  kW4A16KnownFlags = kW4A16Pdl | kW4A16ClusterReduce | kW4A16EightWarps | kW4A16WarpK | kW4A16SplitK |
-                     kW4A16DeepPipeline | kW4A16ShallowPipeline
+  kW4A16KnownFlags = kW4A16Pdl | kW4A16ClusterReduce | kW4A16EightWarps | kW4A16WarpK | kW4A16SplitK
 };
-// Dynamic shared memory of the deep pipeline: 8 stages of 11 KB (M <= 8) or 7 of 13 KB (M 9-16),
-// under SM120's 99 KB per CTA with the kernel's static bytes.
-constexpr int kW4A16DeepSmemBytes = 96 * 1024;
-constexpr int kW4A16DeepMaxM = 16;
 // Warps of a warp-K CTA: 8, or 16 where a CTA's K slice has more than kW4A16WarpK16MinChunks
 // 64-K chunks (more than 4 per warp at 8 warps) and its CTAs fit the SMs one each: each warp's
 // slice then needs fewer serial DRAM round trips (glm5 shared gate_up TP 4/8 0.88x the 8-warp
@@ -141,10 +129,6 @@ constexpr int64_t w4a16_warpk_max_weight_bytes(int M) {
   return M <= 2 ? 16000000 : M <= 8 ? 12000000 : 5000000;
 }
 bool default_w4a16_warpk(int M, int N, int K, int sm_count);
-// Whether a split-K plan runs the deep pipeline when the caller does not say: M <= 16, at most one
-// CTA per SM (more would not fit SM120's shared memory, and on the H200 the grid is then deep
-// enough), and more stages per split than the 46 KB pipeline keeps in flight.
-bool default_w4a16_deep(const W4A16Plan& plan, int sm_count);
 // cluster: reduce the splits of a tile inside one thread-block cluster where they fit in one.
 // flags: kW4A16WarpK / kW4A16SplitK pick the kernel (the caller has checked they fit M).
 W4A16Plan plan_w4a16(int M, int N, int K, int sm_count, size_t workspace_bytes, int split_target,

@@ -113,13 +113,11 @@ def test_w4a16_prefetches_weights_before_the_pdl_wait_and_has_no_sc_fence(built,
     for arch in ("sm_90a", "sm_120a"):
         fns = {n: b for n, b in _functions(_dump(cuobjdump, out / kb.LIBRARY_NAME, "-sass", "-arch", arch)).items()
                if "gemm_w4a16_kernel" in n}
-        assert len(fns) == 12, (arch, sorted(fns))  # M tiles 1, 2, 4, 8 x 4 or 8 warps + deep M tiles 1, 2
+        assert len(fns) == 8, (arch, sorted(fns))  # M tiles 1, 2, 4, 8 x 4 or 8 warps
         for name, body in fns.items():
-            deep = name.endswith("ELb1EEEvNS_11W4A16ParamsE")
             assert body.count("ACQBULK") == 1 and body.count("PREEXIT") == 1, (arch, name)
             before_wait = body.split("ACQBULK", 1)[0]
-            # the first stages' weights: 3 (or 2) stages, 6 (or 7) in the deep pipeline
-            assert before_wait.count("LDGSTS") >= (12 if deep else 4), (arch, name)
+            assert before_wait.count("LDGSTS") >= 4, (arch, name)  # the first stages' weights
             assert "MEMBAR.SC" not in body, (arch, name)
             assert re.search(r"ATOMG\.E\.ADD\S*\.STRONG\.GPU", body), (arch, name)
             assert body.count("UCGABAR_ARV") == 2 and body.count("UCGABAR_WAIT") == 2, (arch, name)
@@ -134,9 +132,11 @@ def test_w4a16_prefetches_weights_before_the_pdl_wait_and_has_no_sc_fence(built,
 
 def test_warpk_kernel_sass_waits_triggers_clusters_and_stores_once(built, cuobjdump):
     """The warp-K kernels (M tile 8/16 x 8/16 warps): one griddepcontrol.wait (ACQBULK) and one
-    launch_dependents (PREEXIT), both cluster barriers of the DSMEM sum (UCGABAR arrive + wait,
-    twice), weights and scales streamed with L1 no-allocate loads, X read at L2 (.cg), one output
-    store (one bias load), no timeline stamps and no cp.async."""
+    launch_dependents (PREEXIT); the cluster sum pushes each peer's sums into rank 0 with one DSMEM
+    store (ST.E to the cluster window, no remote load) behind two barrier phases (arrives: at entry,
+    then one per rank branch; waits: before the store, and rank 0's); weights and scales streamed
+    with L1 no-allocate loads, X read at L2 (.cg), one output store (one bias load), no timeline
+    stamps and no cp.async."""
     _, out, _ = built
     for arch in ("sm_90a", "sm_120a"):
         fns = {n: b for n, b in _functions(_dump(cuobjdump, out / kb.LIBRARY_NAME, "-sass", "-arch", arch)).items()
@@ -144,7 +144,8 @@ def test_warpk_kernel_sass_waits_triggers_clusters_and_stores_once(built, cuobjd
         assert len(fns) == 4, (arch, sorted(fns))  # M tiles 1, 2 x 8 or 16 warps
         for name, body in fns.items():
             assert body.count("ACQBULK") == 1 and body.count("PREEXIT") == 1, (arch, name)
-            assert body.count("UCGABAR_ARV") == 2 and body.count("UCGABAR_WAIT") == 2, (arch, name)
+            assert body.count("UCGABAR_ARV") == 3 and body.count("UCGABAR_WAIT") == 2, (arch, name)
+            assert len(re.findall(r"\bST\.E ", body)) == 1 and not re.search(r"\bLD\.E ", body), (arch, name)
             assert "LDG.E.NA.128.CONSTANT" in body and "LDG.E.NA.64.CONSTANT" in body, (arch, name)
             assert "LDG.E.128.STRONG.GPU" in body, (arch, name)  # ld.global.cg of X
             assert body.count("LDG.E.U16") == 1 and body.count("STG.E.U16") == 1, (arch, name)
@@ -171,12 +172,6 @@ def test_shared_memory_and_no_spills_on_every_arch(built, cuobjdump):
             seen[(arch, fn)] = fields
             assert int(fields["SHARED"]) <= SMEM_LIMIT, (arch, fn, fields)
             assert int(fields.get("LOCAL", 0)) == 0, f"{fn} on {arch} uses local memory (spills): {fields}"
-    # the split-K kernel's deep pipeline (template flag true) adds its dynamic buffers at launch
-    deep_bytes = int(re.search(r"kW4A16DeepSmemBytes = (\d+) \* 1024;", (CSRC / "kernels.h").read_text())[1]) * 1024
-    deep = [(a, fn) for a, fn in seen if "gemm_w4a16_kernel" in fn and fn.endswith("ELb1EEEvNS_11W4A16ParamsE")]
-    assert len(deep) == 8, deep  # M tiles 1, 2 x 4, 8 warps x 2 archs
-    for key in deep:
-        assert int(seen[key]["SHARED"]) + deep_bytes <= SMEM_LIMIT, (key, seen[key])
     names = {fn for _, fn in seen}
     for kernel in ("quantize_nvfp4_kernel", "gemm_w4a16_kernel", "gemm_w4a4_kernel"):
         for arch in ("sm_90a", "sm_120a"):
@@ -199,7 +194,7 @@ def test_library_loads_without_gpu(built):
     code = (
         "import ctypes; lib = ctypes.CDLL(%r);"
         "lib.sm120_build_archs.restype = ctypes.c_char_p;"
-        "out = (ctypes.c_int * 10)(); need = ctypes.c_size_t(0);"
+        "out = (ctypes.c_int * 8)(); need = ctypes.c_size_t(0);"
         "rc = lib.sm120_w4a16_plan(1, 6144, 2048, 132, ctypes.c_size_t(1 << 24), 0, 16, out, ctypes.byref(need));"
         "print(lib.sm120_abi_version(), lib.sm120_build_archs().decode(), rc, list(out))"
     ) % str(out / kb.LIBRARY_NAME)
@@ -207,11 +202,10 @@ def test_library_loads_without_gpu(built):
     assert proc.returncode == 0, proc.stderr
     abi, archs, rc, plan = proc.stdout.split(" ", 3)
     assert (abi, archs, rc) == (str(_lib_abi_version()), "sm_90a,sm_120a", "0")
-    m_tiles, m_blocks, n_ctas, splits, _, cluster, target, warpk, deep, stages = eval(plan)
+    m_tiles, m_blocks, n_ctas, splits, _, cluster, target, warpk = eval(plan)
     # the split-K kernel (flag 16): 6144 x 2048 is a 7 MB weight, below the 8 MB line, so M = 1 aims
-    # for 1 CTA per SM (more CTAs than SMs: the 4-stage pipeline)
+    # for 1 CTA per SM
     assert (m_tiles, m_blocks, n_ctas, cluster, target, warpk) == (1, 1, 48, 0, 132, 0) and n_ctas * splits >= 132
-    assert (deep, stages) == (0, 4)
 
 
 def test_bad_arch_and_compile_error_are_one_line(tmp_path):
@@ -246,12 +240,11 @@ def _plan_fn(lib_path):
     size_t = ctypes.c_size_t
 
     def plan(m, n, k, sms, split_target=0, flags=0):
-        out, need, lay = (ctypes.c_int * 10)(), size_t(0), (size_t * 4)()
+        out, need, lay = (ctypes.c_int * 8)(), size_t(0), (size_t * 4)()
         assert lib.sm120_w4a16_plan(m, n, k, sms, size_t(WORKSPACE), split_target, flags, out,
                                     ctypes.byref(need)) == 0
         assert lib.sm120_w4a16_workspace_layout(m, n, k, sms, size_t(WORKSPACE), split_target, flags, lay) == 0
-        keys = ("m_tiles", "m_blocks", "n_ctas", "splits", "chunks_per_split", "cluster", "split_target", "warpk",
-                "deep", "stages")
+        keys = ("m_tiles", "m_blocks", "n_ctas", "splits", "chunks_per_split", "cluster", "split_target", "warpk")
         return dict(zip(keys, out), workspace_bytes=need.value, ticket_region_bytes=lay[0],
                     partial_offset=lay[1], partial_tile_bytes=lay[2])
     plan.lib = lib
@@ -385,23 +378,17 @@ def test_w4a16_unknown_flags_are_refused(built):
     plan = _plan_fn(out / kb.LIBRARY_NAME)
     lib = plan.lib
     lib.sm120_last_error.restype = ctypes.c_char_p
-    o, need = (ctypes.c_int * 10)(), ctypes.c_size_t(0)
+    o, need = (ctypes.c_int * 8)(), ctypes.c_size_t(0)
 
     def rc(m, flags):
         return lib.sm120_w4a16_plan(m, 512, 512, 132, ctypes.c_size_t(WORKSPACE), 0, flags, o, ctypes.byref(need))
 
-    assert rc(1, 128) != 0
-    assert b"unknown flags 0x80" in lib.sm120_last_error()
+    assert rc(1, 32) != 0
+    assert b"unknown flags 0x20" in lib.sm120_last_error()
     # 1 | 2 | 4 | 8 (PDL, cluster reduce, eight warps, warp-K) and 16 (split-K) are known
     assert rc(1, 15) == 0 and o[7] == 8 and rc(1, 7 | 16) == 0 and o[7] == 0  # out[7]: warp-K warps
     assert rc(1, 8 | 16) != 0 and b"exclude each other" in lib.sm120_last_error()
     assert rc(16, 8) == 0 and rc(17, 8) != 0 and b"M <= 16, got M=17" in lib.sm120_last_error()
-    # 32 / 64: the deep / shallow pipeline of the split-K kernel (out[8] deep, out[9] its stages)
-    assert rc(1, 32) == 0 and (o[7], o[8], o[9]) == (0, 1, 8) and rc(1, 64 | 16) == 0 and (o[8], o[9]) == (0, 4)
-    assert rc(9, 32 | 16) == 0 and (o[8], o[9]) == (1, 7)
-    assert rc(1, 32 | 64) != 0 and b"deep and shallow pipeline flags exclude" in lib.sm120_last_error()
-    assert rc(1, 32 | 8) != 0 and b"split-K kernel's, not warp-K's" in lib.sm120_last_error()
-    assert rc(17, 32) != 0 and b"deep pipeline serves M <= 16, got M=17" in lib.sm120_last_error()
 
 
 @pytest.mark.parametrize("sms", [132, 188])
@@ -462,36 +449,3 @@ def test_w4a16_default_kernel_is_warpk_where_the_split_kernel_splits_and_the_wei
                                                  for m in range(1, 17)])
     assert not problems, problems[:3]
     assert plan(1, 512, 6144, sms)["cluster"] and plan(1, 512, 6144, sms)["warpk"]  # glm5 shared gate_up TP 8
-
-
-@pytest.mark.parametrize("sms", [132, 188])
-def test_w4a16_deep_pipeline_where_one_wave_of_ctas_has_more_stages_than_the_shallow_one_holds(built, sms):
-    """default_w4a16_deep (csrc/kernels.h): the split-K kernel runs 8 (M <= 8) or 7 (M 9..16) stages
-    in 96 KB of dynamic shared memory where M <= 16, its grid is at most one CTA per SM and a split
-    has more 128-K stages than the 46 KB pipeline (4 or 3 buffers) keeps in flight. The pipeline
-    changes nothing else in the plan, and asking for it picks the split-K kernel."""
-    _, out, _ = built
-    plan = _plan_fn(out / kb.LIBRARY_NAME)
-    seen = set()
-    for n, k in GEMM_SHAPES + [(16384, 1024), (12288, 4096), (20480, 2048)]:
-        for m in GEMM_MS:
-            p = plan(m, n, k, sms)
-            if p["warpk"]:
-                assert (p["deep"], p["stages"]) == (0, 0), (m, n, k, p)
-                continue
-            shallow = {1: 4, 2: 3}.get(p["m_tiles"])
-            ctas = p["n_ctas"] * p["m_blocks"] * p["splits"]
-            want = m <= 16 and ctas <= sms and -(-p["chunks_per_split"] // 2) > shallow - 1
-            assert bool(p["deep"]) == want, (m, n, k, p)
-            assert p["stages"] == ({1: 8, 2: 7}[p["m_tiles"]] if want else shallow or p["stages"]), (m, n, k, p)
-            seen.add((want, p["m_tiles"]) if m <= 16 else "big")
-            strip = lambda d: {k_: v for k_, v in d.items() if k_ not in ("deep", "stages")}  # noqa: E731
-            if m <= 16:
-                forced, shallow_p = plan(m, n, k, sms, flags=32), plan(m, n, k, sms, flags=64)
-                assert forced["deep"] and not shallow_p["deep"] and strip(forced) == strip(shallow_p) == strip(p)
-    assert {(True, 1), (True, 2), (False, 1), (False, 2)} <= seen, seen
-    # glm5 q_b TP 1 (128 unsplit CTAs, 16 stages each) at 132 SMs
-    if sms == 132:
-        assert plan(1, 16384, 2048, sms)["deep"] and not plan(1, 16384, 2048, sms, flags=64)["deep"]
-    # the deep flag picks the split-K kernel where warp-K would run (glm5 shared gate_up TP 8)
-    assert plan(1, 512, 6144, sms)["warpk"] and not plan(1, 512, 6144, sms, flags=32)["warpk"]

@@ -451,46 +451,6 @@ def test_nan_in_activations_stays_in_its_row(K):
 
 # ----------------------------------------------------------------------------- bad input
 
-DEEP_CASES = [(16384, 2048, 1), (16384, 2048, 16), (5120, 2048, 8), (6144, 2048, 16), (384, 320, 3),
-              (640, 4160, 9), (2624, 6144, 2)]
-
-
-@pytest.mark.parametrize("n,k,m", DEEP_CASES, ids=[f"N{n}-K{k}-M{m}" for n, k, m in DEEP_CASES])
-def test_deep_pipeline_gives_the_bits_of_the_shallow_one(K, n, k, m):
-    """The deep pipeline only holds more stages in flight: every accumulator sees the same MMAs in
-    the same order, so the bits match the shallow pipeline's, unsplit and split (ticket and cluster
-    reduction), 4 and 8 warps, with and without PDL, eager and in a graph."""
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
-    q = _weight(n, k, 5 * n + 7 * m)
-    pw = K.pack_weight(q["weight"], q["weight_scale"], q["weight_scale_2"])
-    wd = _exact_dequant(q["weight"], q["weight_scale"], q["weight_scale_2"])
-    x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
-    assert K.w4a16_plan(m, n, k, sms, pipeline="deep")["deep"]
-    for split_target in (0, 1, 3 * sms):
-        for cluster in (False, True):
-            for warps in (4, 8):
-                kw = dict(split_target=split_target, cluster=cluster, warps=warps)
-                ref = K.gemm_w4a16(x, pw, pipeline="shallow", kernel="split", **kw).clone()
-                for pdl in (False, True):
-                    y = K.gemm_w4a16(x, pw, pipeline="deep", pdl=pdl, **kw)
-                    assert torch.equal(y, ref), f"{kw} pdl={pdl}"
-    _assert_close(ref, x.float() @ wd.t(), x.float().abs() @ wd.abs().t(), f"deep N={n} K={k} M={m}")
-    x_static = x.clone()
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        want = K.gemm_w4a16(x_static, pw, pipeline="shallow", kernel="split").clone()
-        K.gemm_w4a16(x_static, pw, pipeline="deep")  # this stream's workspace exists before capture
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, stream=stream):
-        y_g = K.gemm_w4a16(x_static, pw, pipeline="deep", pdl=True)
-    for _ in range(3):
-        graph.replay()
-        torch.cuda.synchronize()
-        assert torch.equal(y_g, want)
-
-
 def _bad_inputs(K):
     q = _weight(128, 256, 11)
     pw = K.pack_weight(q["weight"], q["weight_scale"], q["weight_scale_2"])
@@ -510,10 +470,6 @@ def _bad_inputs(K):
         (lambda: K.gemm_w4a16(x, pw, kernel="fast"), ValueError, "kernel"),
         (lambda: K.gemm_w4a16(torch.randn(17, 256, device="cuda").to(torch.bfloat16), pw, kernel="warpk"),
          ValueError, "warpk"),
-        (lambda: K.gemm_w4a16(x, pw, pipeline="deeper"), ValueError, "pipeline"),
-        (lambda: K.gemm_w4a16(torch.randn(17, 256, device="cuda").to(torch.bfloat16), pw, pipeline="deep"),
-         ValueError, "pipeline='deep' serves M <= 16"),
-        (lambda: K.gemm_w4a16(x, pw, pipeline="deep", kernel="warpk"), ValueError, "pipeline='deep'"),
         (lambda: K.quantize_nvfp4(torch.randn(4, 40, device="cuda").to(torch.bfloat16), gs), ValueError, "x"),
         (lambda: K.quantize_nvfp4(x, torch.tensor([1.0])), ValueError, "global_scale"),
         (lambda: K.quantize_nvfp4(x, torch.ones(2, device="cuda")), ValueError, "global_scale"),

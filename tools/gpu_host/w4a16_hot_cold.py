@@ -20,7 +20,7 @@ import bench_fp4_gemm as B  # noqa: E402  (puts this checkout's kernels first)
 import torch  # noqa: E402
 
 K, F = B.K, B.F
-DEFAULT_CASES = ["16384,2048,1", "16384,2048,1,warps=8", "16384,2048,1,pipeline=shallow", "16384,2048,16",
+DEFAULT_CASES = ["16384,2048,1", "16384,2048,1,warps=8", "16384,2048,16",
                  "6144,16384,1", "28672,512,1", "6144,2048,16", "5120,2048,1", "512,6144,1"]
 INT_KEYS = {"warps", "split_target"}
 BOOL_KEYS = {"cluster"}
@@ -52,7 +52,7 @@ def main():
             pws = [pw] + [K.PackedWeight(pw.qweight.clone(), pw.scales.clone(), pw.weight_scale_2.clone(), n, k)
                           for _ in range(B.copies_for(0.5625 * n * k, l2) - 1)]
             x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
-            plan_kw = {key: kw[key] for key in ("kernel", "pipeline", "split_target", "cluster") if key in kw}
+            plan_kw = {key: kw[key] for key in ("kernel", "split_target", "cluster") if key in kw}
             row = {"case": case, "N": n, "K": k, "M": m, "plan": K.w4a16_plan(m, n, k, sms, **plan_kw),
                    "weight_bytes": pw.qweight.numel() + pw.scales.numel()}
             cold = B.time_ops([lambda p=p: K.gemm_w4a16(x, p, pdl=False, **kw) for p in pws], args.reps)

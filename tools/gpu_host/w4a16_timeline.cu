@@ -6,8 +6,7 @@
 //   nvcc -O3 -std=c++17 -DSM120_W4A16_TIMELINE -gencode arch=compute_90a,code=sm_90a -Icsrc \
 //        csrc/*.cu tools/gpu_host/w4a16_timeline.cu -o w4a16_timeline
 // Run: ./w4a16_timeline N,K,M[,split_target[,kernel]] ...   (one JSON line per case on stdout)
-//      kernel: 0 = the plan's default, 1 = warp-K (M <= 16), 2 = split-K (46 KB pipeline),
-//              3 = split-K with the deep pipeline (M <= 16)
+//      kernel: 0 = the plan's default, 1 = warp-K (M <= 16), 2 = split-K
 //
 // Per case: the plain-launch time per call in a CUDA-graph chain over rotating weight copies
 // (> 2x L2, like benchmarks/bench_fp4_gemm.py), then 7 stamped launches, each on a weight copy
@@ -83,10 +82,7 @@ void run_case(const Case& c, int sms, size_t l2_bytes) {
   CHECK(cudaMalloc(&ws2, sizeof(float)));
   const float one = 1.0f;
   CHECK(cudaMemcpy(ws2, &one, sizeof(float), cudaMemcpyHostToDevice));
-  const int flags = c.kernel == 1   ? sm120::kW4A16WarpK
-                    : c.kernel == 2 ? sm120::kW4A16SplitK | sm120::kW4A16ShallowPipeline
-                    : c.kernel == 3 ? sm120::kW4A16DeepPipeline
-                                    : 0;
+  const int flags = c.kernel == 1 ? sm120::kW4A16WarpK : c.kernel == 2 ? sm120::kW4A16SplitK : 0;
   const sm120::W4A16Plan plan = sm120::plan_w4a16(c.m, c.n, c.k, sms, ws_bytes, c.target, flags);
   cudaStream_t st;
   CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
@@ -152,12 +148,11 @@ void run_case(const Case& c, int sms, size_t l2_bytes) {
     handoff.push_back(median(ho));
     reduce.push_back(median(rd));
   }
-  printf("{\"N\": %d, \"K\": %d, \"M\": %d, \"kernel\": \"%s\", \"stages\": %d, \"warps\": %d, \"split_target\": %d, \"splits\": %d, \"ctas\": %d, "
+  printf("{\"N\": %d, \"K\": %d, \"M\": %d, \"kernel\": \"%s\", \"warps\": %d, \"split_target\": %d, \"splits\": %d, \"ctas\": %d, "
          "\"chunks_per_split\": %d, \"copies\": %d, \"graph_us_per_call\": %.3f, \"ramp_us\": %.3f, "
          "\"first_stage_us\": %.3f, \"compute_us\": %.3f, \"handoff_us\": %.3f, \"reduce_us\": %.3f, "
          "\"span_us\": %.3f}\n",
-         c.n, c.k, c.m, plan.warpk ? "warpk" : plan.deep ? "split-deep" : "split", plan.warpk ? 0 : plan.stages,
-         plan.warpk ? plan.warpk_warps : 4, plan.split_target,
+         c.n, c.k, c.m, plan.warpk ? "warpk" : "split", plan.warpk ? plan.warpk_warps : 4, plan.split_target,
          plan.splits, ctas, plan.chunks_per_split, copies, median(per_call),
          median(ramp), median(first), median(compute), median(handoff), median(reduce), median(span));
   fflush(stdout);
@@ -188,10 +183,9 @@ int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     Case c{0, 0, 0, 0, 0};
     if (sscanf(argv[i], "%d,%d,%d,%d,%d", &c.n, &c.k, &c.m, &c.target, &c.kernel) < 3 || c.n <= 0 || c.k % 64 ||
-        c.m <= 0 || c.kernel < 0 || c.kernel > 3 || (c.kernel == 1 && c.m > sm120::kW4A16WarpKMaxM) ||
-        (c.kernel == 3 && c.m > sm120::kW4A16DeepMaxM)) {
-      fprintf(stderr, "w4a16_timeline: bad case %s (N,K,M[,split_target[,kernel 0|1|2|3]]; K a multiple of 64, "
-              "warp-K and deep at M <= %d)\n", argv[i], sm120::kW4A16WarpKMaxM);
+        c.m <= 0 || c.kernel < 0 || c.kernel > 2 || (c.kernel == 1 && c.m > sm120::kW4A16WarpKMaxM)) {
+      fprintf(stderr, "w4a16_timeline: bad case %s (N,K,M[,split_target[,kernel 0|1|2]]; K a multiple of 64, "
+              "warp-K at M <= %d)\n", argv[i], sm120::kW4A16WarpKMaxM);
       return 2;
     }
     run_case(c, sms, (size_t)l2);

@@ -38,12 +38,6 @@ _W4A16_WARPS = (4, 8)
 # "split" (128-row CTAs, split-K across CTAs) or "auto" (csrc's default_w4a16_warpk rule).
 _W4A16_KERNEL_FLAGS = {"auto": 0, "warpk": _FLAG_WARPK, "split": _FLAG_SPLITK}
 WARPK_MAX_M = 16  # kW4A16WarpKMaxM
-# The split-K kernel's pipeline: "deep" (7-8 stages in 96 KB of dynamic shared memory, M <= 16; it
-# also picks the split-K kernel), "shallow" (3-4 stages in 46 KB) or "auto" (csrc's
-# default_w4a16_deep: deep where the grid is at most one CTA per SM and a split has more stages than
-# the shallow pipeline keeps in flight).
-_W4A16_PIPELINE_FLAGS = {"auto": 0, "deep": 32, "shallow": 64}  # kW4A16DeepPipeline, ...ShallowPipeline
-DEEP_MAX_M = 16  # kW4A16DeepMaxM
 
 
 def _kernel(value, name: str) -> str:
@@ -53,16 +47,6 @@ def _kernel(value, name: str) -> str:
 
 
 KERNEL_DEFAULT = _kernel(os.environ.get("SGLANG_SM120_W4A16_KERNEL", "auto"), "SGLANG_SM120_W4A16_KERNEL")
-
-
-def _pipeline(value, name: str) -> str:
-    if value not in _W4A16_PIPELINE_FLAGS:
-        raise ValueError(f"{name} must be one of {sorted(_W4A16_PIPELINE_FLAGS)} (the W4A16 split-K pipeline), "
-                         f"got {value!r}")
-    return value
-
-
-PIPELINE_DEFAULT = _pipeline(os.environ.get("SGLANG_SM120_W4A16_PIPELINE", "auto"), "SGLANG_SM120_W4A16_PIPELINE")
 
 
 def _warps(value, name: str, auto: bool = False):
@@ -245,7 +229,7 @@ def gemm_w4a16(x: torch.Tensor, weight: PackedWeight, *, bias: Optional[torch.Te
                out: Optional[torch.Tensor] = None, workspace_buf: Optional[torch.Tensor] = None,
                split_target: int = 0, pdl: Optional[bool] = None,
                cluster: Optional[bool] = None, warps: Optional[int] = None,
-               kernel: Optional[str] = None, pipeline: Optional[str] = None) -> torch.Tensor:
+               kernel: Optional[str] = None) -> torch.Tensor:
     """y bf16 [M, N] = x bf16 [M, K] . dequant(weight)^T (+ bias), fp32 accumulation.
 
     workspace_buf: optional zero-initialised uint8 CUDA buffer owned by the caller's stream
@@ -262,17 +246,11 @@ def gemm_w4a16(x: torch.Tensor, weight: PackedWeight, *, bias: Optional[torch.Te
     (M <= 16) runs one CTA per 16-row weight tile with K split over its warps: no split-K
     hand-off, different summation order (within the same tolerance, not the same bits). With
     "auto", a nonzero split_target selects the split-K kernel.
-    pipeline: "auto", "deep" or "shallow" (None: $SGLANG_SM120_W4A16_PIPELINE, default auto): the
-    split-K kernel's pipeline depth (the same bits). "deep" (M <= 16) also selects the split-K kernel.
     """
     if warps is not None:
         _warps(warps, "warps")  # a bad count is refused before the tensors are looked at
     if kernel is not None:
         _kernel(kernel, "kernel")
-    if pipeline is not None:
-        _pipeline(pipeline, "pipeline")
-        if pipeline == "deep" and kernel == "warpk":
-            raise ValueError("pipeline='deep' is the split-K kernel's; it cannot run with kernel='warpk'")
     _tensor("x", x, _BF16, dim=2)
     dev = x.device
     _check_weight(weight, dev)
@@ -283,8 +261,6 @@ def gemm_w4a16(x: torch.Tensor, weight: PackedWeight, *, bias: Optional[torch.Te
         raise ValueError("x: M must be > 0")
     if kernel == "warpk" and m > WARPK_MAX_M:
         raise ValueError(f"kernel='warpk' serves M <= {WARPK_MAX_M}, x has M = {m}")
-    if pipeline == "deep" and m > DEEP_MAX_M:
-        raise ValueError(f"pipeline='deep' serves M <= {DEEP_MAX_M}, x has M = {m}")
     _aligned("x", x)
     bias = _check_bias(bias, weight.n, dev)
     y = _out("out", out, (m, weight.n), _BF16, dev)
@@ -294,32 +270,28 @@ def gemm_w4a16(x: torch.Tensor, weight: PackedWeight, *, bias: Optional[torch.Te
         _tensor("workspace_buf", workspace_buf, torch.uint8, device=dev)
         _aligned("workspace_buf", workspace_buf)
     _launch_w4a16(x, weight, bias, y, workspace_buf, int(split_target), PDL_DEFAULT if pdl is None else bool(pdl),
-                  CLUSTER_DEFAULT if cluster is None else bool(cluster), warps, kernel, pipeline)
+                  CLUSTER_DEFAULT if cluster is None else bool(cluster), warps, kernel)
     return y
 
 
 def _launch_w4a16(x, weight: PackedWeight, bias, y, workspace_buf, split_target: int = 0,
                   pdl: bool = PDL_DEFAULT, cluster: bool = CLUSTER_DEFAULT, warps: Optional[int] = None,
-                  kernel: Optional[str] = None, pipeline: Optional[str] = None) -> None:
+                  kernel: Optional[str] = None) -> None:
     dev = x.device
     warps = w4a16_warps(x.shape[0], warps)
     if kernel is None:
         kernel = KERNEL_DEFAULT
         if kernel == "warpk" and x.shape[0] > WARPK_MAX_M:
             kernel = "split"  # SGLANG_SM120_W4A16_KERNEL=warpk covers the calls it can serve
-    if pipeline is None:
-        pipeline = PIPELINE_DEFAULT
-        if pipeline == "deep" and (x.shape[0] > DEEP_MAX_M or kernel == "warpk"):
-            pipeline = "auto"  # SGLANG_SM120_W4A16_PIPELINE=deep covers the split-K calls it can serve
     flags = ((_FLAG_PDL if pdl else 0) | (_FLAG_CLUSTER if cluster else 0) | (_FLAG_EIGHT_WARPS if warps == 8 else 0)
-             | _W4A16_KERNEL_FLAGS[kernel] | _W4A16_PIPELINE_FLAGS[pipeline])
+             | _W4A16_KERNEL_FLAGS[kernel])
     rc = _lib.load().sm120_gemm_w4a16(dev.index, _ptr(x), _ptr(weight.qweight), _ptr(weight.scales),
                                       _ptr(weight.weight_scale_2), _ptr(bias), _ptr(y), x.shape[0], weight.n,
                                       weight.k, _ptr(workspace_buf), workspace_buf.numel(), split_target,
                                       flags, _stream(dev))
     _lib.check(rc, "gemm_w4a16")
     _debug_sync(dev, f"gemm_w4a16(M={x.shape[0]}, N={weight.n}, K={weight.k}, split_target={split_target}, "
-                     f"pdl={pdl}, cluster={cluster}, warps={warps}, kernel={kernel}, pipeline={pipeline})")
+                     f"pdl={pdl}, cluster={cluster}, warps={warps}, kernel={kernel})")
 
 
 _W4A4_MODES = {"auto": 0, "hardware": 1, "emulate": 2}
@@ -403,8 +375,7 @@ def layer_w4a4(x, input_scale, input_scale_inv, weight: PackedWeight, bias) -> t
 
 
 def w4a16_plan(m: int, n: int, k: int, sm_count: int, workspace_bytes: int = _WORKSPACE_BYTES,
-               split_target: int = 0, cluster: bool = False, kernel: str = "auto",
-               pipeline: str = "auto") -> dict:
+               split_target: int = 0, cluster: bool = False, kernel: str = "auto") -> dict:
     """The split-K plan the W4A16 GEMM would use and its workspace layout (host only; for tests
     and benchmarks). Tickets (one int per tile z * n_ctas + x) occupy the first
     ticket_region_bytes for every plan; partial slot (tile, split) starts at
@@ -412,12 +383,10 @@ def w4a16_plan(m: int, n: int, k: int, sm_count: int, workspace_bytes: int = _WO
     "cluster" in the result says whether this plan reduces in a cluster (then it uses no
     workspace). kernel: as gemm_w4a16's; "warpk" in the result says which kernel the plan runs
     (then n_ctas counts 16-row tiles, splits the CTAs of a cluster per tile and warpk_warps the
-    warps per CTA). pipeline: as gemm_w4a16's; "deep" and "stages" say which pipeline the split-K
-    kernel runs and its buffers (0 for warp-K)."""
+    warps per CTA)."""
     lib = _lib.load()
-    flags = ((_FLAG_CLUSTER if cluster else 0) | _W4A16_KERNEL_FLAGS[_kernel(kernel, "kernel")]
-             | _W4A16_PIPELINE_FLAGS[_pipeline(pipeline, "pipeline")])
-    out = (ctypes.c_int * 10)()
+    flags = (_FLAG_CLUSTER if cluster else 0) | _W4A16_KERNEL_FLAGS[_kernel(kernel, "kernel")]
+    out = (ctypes.c_int * 8)()
     need = ctypes.c_size_t(0)
     _lib.check(lib.sm120_w4a16_plan(m, n, k, sm_count, workspace_bytes, split_target, flags, out,
                                     ctypes.byref(need)), "w4a16_plan")
@@ -426,6 +395,6 @@ def w4a16_plan(m: int, n: int, k: int, sm_count: int, workspace_bytes: int = _WO
                "w4a16_workspace_layout")
     return {"m_tiles": out[0], "m_blocks": out[1], "n_ctas": out[2], "splits": out[3],
             "chunks_per_split": out[4], "cluster": bool(out[5]), "split_target": out[6], "warpk": bool(out[7]),
-            "warpk_warps": out[7], "deep": bool(out[8]), "stages": out[9],
+            "warpk_warps": out[7],
             "workspace_bytes": need.value,
             "ticket_region_bytes": lay[0], "partial_offset": lay[1], "partial_tile_bytes": lay[2]}
