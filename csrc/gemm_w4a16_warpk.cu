@@ -31,6 +31,11 @@ __device__ __forceinline__ uint2 ldg_stream64(const void* p) {
   asm volatile("ld.global.nc.L1::no_allocate.v2.u32 {%0,%1}, [%2];\n" : "=r"(v.x), "=r"(v.y) : "l"(p));
   return v;
 }
+// Asks L2 for the 128-byte line at p (no register result, so ptxas keeps it where it is written;
+// a load's result would be scheduled after griddepcontrol.wait).
+__device__ __forceinline__ void prefetch_l2(const void* p) {
+  asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p));
+}
 // Activations are written by the previous kernel, which under PDL may still be running when this
 // grid starts: read them at L2 (.cg), never through the non-coherent path, and only after
 // pdl_wait(). asm volatile keeps them after the wait.
@@ -49,7 +54,8 @@ __device__ __forceinline__ uint4 ldg_l2_128(const void* p) {
 // TP 1 (H200, session 13): not kept.
 constexpr int kWarpKBatch = 4;
 
-template <int M_TILES, int WARPS>
+// PDL: the instantiation for programmatic dependent launches (it prefetches its first batch).
+template <int M_TILES, int WARPS, bool PDL>
 __global__ void __launch_bounds__(32 * WARPS) gemm_w4a16_warpk_kernel(const W4A16Params p) {
   __shared__ float part[WARPS][M_TILES * 4][32];
   // Cluster plans: the other ranks' sums, written into rank 0's copy (peer[rank - 1]).
@@ -94,11 +100,22 @@ __global__ void __launch_bounds__(32 * WARPS) gemm_w4a16_warpk_kernel(const W4A1
   };
 
   float acc[M_TILES][4] = {};
-  // Every warp waits, even one without chunks, before anything reads X or writes Y. The first
-  // batch of weights is asked for before pdl_wait() in the source, but ptxas 13.0 puts the wait
-  // (ACQBULK) first in the SASS, so under PDL these loads do not overlap the previous kernel's
-  // tail (the split-K kernel's cp.async copies do). `prefetch.global.L2` of the batch does stay
-  // ahead of the wait (checked in the SASS, session 13); not measured yet, so not used.
+  // Every warp waits, even one without chunks, before anything reads X or writes Y. ptxas 13.0
+  // puts the wait (ACQBULK) ahead of the first batch's loads in the plain instantiation, so under
+  // PDL those loads would not overlap the previous kernel's tail (the split-K kernel's cp.async
+  // copies do). The PDL instantiation prefetches the batch to L2 first, one prefetch per 128-byte
+  // line of the weight chunks (lanes 0, 8, 16, 24) and one for the tile's 64 scale bytes (lane 0);
+  // the prefetches and the batch's loads then stay ahead of the wait (SASS, checked by
+  // test_kernel_build.py). H200, session 14: 0.84-0.86x the PDL time on warp-K rows, but 1.04x
+  // the plain time, hence two instantiations.
+  if constexpr (PDL) {
+#pragma unroll
+    for (int u = 0; u < kWarpKBatch; ++u)
+      if (c_begin + u < c_end && (lane & 7) == 0) {
+        prefetch_l2(w_src + (int64_t)(c_begin + u) * 512);
+        if (lane == 0) prefetch_l2(s_src + (int64_t)(c_begin + u) * 512);
+      }
+  }
   load_weights(c_begin);
   pdl_wait();
   for (int c0 = c_begin; c0 < c_end; c0 += kWarpKBatch) {
@@ -164,9 +181,13 @@ template <int WARPS>
 cudaError_t launch_warpk(const W4A16Params& p, const W4A16Plan& plan, bool pdl, cudaStream_t stream) {
   const dim3 grid(plan.n_ctas, plan.splits, plan.m_blocks), block(32 * WARPS);
   const unsigned cluster_y = (unsigned)plan.splits;  // 1: no cluster
+  if (pdl)
+    return plan.m_tiles == 1
+               ? launch_kernel(gemm_w4a16_warpk_kernel<1, WARPS, true>, grid, block, stream, true, cluster_y, p)
+               : launch_kernel(gemm_w4a16_warpk_kernel<2, WARPS, true>, grid, block, stream, true, cluster_y, p);
   return plan.m_tiles == 1
-             ? launch_kernel(gemm_w4a16_warpk_kernel<1, WARPS>, grid, block, stream, pdl, cluster_y, p)
-             : launch_kernel(gemm_w4a16_warpk_kernel<2, WARPS>, grid, block, stream, pdl, cluster_y, p);
+             ? launch_kernel(gemm_w4a16_warpk_kernel<1, WARPS, false>, grid, block, stream, false, cluster_y, p)
+             : launch_kernel(gemm_w4a16_warpk_kernel<2, WARPS, false>, grid, block, stream, false, cluster_y, p);
 }
 
 }  // namespace

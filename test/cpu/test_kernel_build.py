@@ -135,17 +135,25 @@ def test_warpk_kernel_sass_waits_triggers_clusters_and_stores_once(built, cuobjd
     launch_dependents (PREEXIT); the cluster sum pushes each peer's sums into rank 0 with one DSMEM
     store (ST.E to the cluster window, no remote load) behind two barrier phases (arrives: at entry,
     then one per rank branch; waits: before the store, and rank 0's); weights and scales streamed
-    with L1 no-allocate loads, X read at L2 (.cg), one output store (one bias load), no timeline
-    stamps and no cp.async."""
+    with L1 no-allocate loads (the PDL instantiation prefetches the first batch to L2 before the
+    wait), X read at L2 (.cg), one output store (one bias load), no timeline stamps and no cp.async."""
     _, out, _ = built
     for arch in ("sm_90a", "sm_120a"):
         fns = {n: b for n, b in _functions(_dump(cuobjdump, out / kb.LIBRARY_NAME, "-sass", "-arch", arch)).items()
                if "gemm_w4a16_warpk_kernel" in n}
-        assert len(fns) == 4, (arch, sorted(fns))  # M tiles 1, 2 x 8 or 16 warps
+        assert len(fns) == 8, (arch, sorted(fns))  # M tiles 1, 2 x 8 or 16 warps x plain / PDL
         for name, body in fns.items():
             assert body.count("ACQBULK") == 1 and body.count("PREEXIT") == 1, (arch, name)
             assert body.count("UCGABAR_ARV") == 3 and body.count("UCGABAR_WAIT") == 2, (arch, name)
             assert len(re.findall(r"\bST\.E ", body)) == 1 and not re.search(r"\bLD\.E ", body), (arch, name)
+            # the PDL instantiation's L2 prefetches of its first batch (and that batch's loads) precede
+            # the wait, so the weights are on their way during the previous kernel's tail; the plain
+            # one prefetches nothing
+            before_wait = body.split("ACQBULK", 1)[0]
+            if name.endswith("ELb1EEEvNS_11W4A16ParamsE"):
+                assert "CCTL.E.PF2" in before_wait and "LDG.E.NA.128.CONSTANT" in before_wait, (arch, name)
+            else:
+                assert name.endswith("ELb0EEEvNS_11W4A16ParamsE") and "CCTL.E.PF2" not in body, (arch, name)
             assert "LDG.E.NA.128.CONSTANT" in body and "LDG.E.NA.64.CONSTANT" in body, (arch, name)
             assert "LDG.E.128.STRONG.GPU" in body, (arch, name)  # ld.global.cg of X
             assert body.count("LDG.E.U16") == 1 and body.count("STG.E.U16") == 1, (arch, name)
