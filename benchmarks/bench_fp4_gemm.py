@@ -134,6 +134,13 @@ def copies_for(nbytes, l2):
     return max(2, math.ceil(2.5 * l2 / max(nbytes, 1)))
 
 
+def rotating_weights(pw, l2):
+    """pw and enough clones of it (> 2x L2 in all) that a graph cycling through them reads every
+    call's weights from HBM."""
+    return [pw] + [K.PackedWeight(pw.qweight.clone(), pw.scales.clone(), pw.weight_scale_2.clone(), pw.n, pw.k)
+                   for _ in range(copies_for(0.5625 * pw.n * pw.k, l2) - 1)]
+
+
 def load_marlin(log):
     try:
         from sglang.srt.layers.quantization.marlin_utils_fp4 import (  # noqa: F401
@@ -165,8 +172,7 @@ def bench_shape(name, n, k, ms, l2, copy_bw, floor_us, marlin, reps, log):
     wbytes = 0.5625 * n * k
     n_fp4 = copies_for(wbytes, l2)
     n_bf16 = copies_for(2 * n * k, l2)
-    pws = [pw] + [K.PackedWeight(pw.qweight.clone(), pw.scales.clone(), pw.weight_scale_2.clone(), n, k)
-                  for _ in range(n_fp4 - 1)]
+    pws = rotating_weights(pw, l2)
     wb = w.to(torch.bfloat16)
     wbs = [wb] + [wb.clone() for _ in range(n_bf16 - 1)]
     del w
@@ -308,8 +314,7 @@ def tune_splits(sms, reps, log):
                        ("glm5 shared gate_up tp8", 512, 6144), ("glm5 q_b tp1", 16384, 2048)]:
         q = F.quantize_weight_modelopt(torch.randn(n, k, device="cuda") * 0.02)
         pw = K.pack_weight(q["weight"], q["weight_scale"], q["weight_scale_2"])
-        pws = [pw] + [K.PackedWeight(pw.qweight.clone(), pw.scales.clone(), pw.weight_scale_2, n, k)
-                      for _ in range(copies_for(0.5625 * n * k, torch.cuda.get_device_properties(0).L2_cache_size) - 1)]
+        pws = rotating_weights(pw, torch.cuda.get_device_properties(0).L2_cache_size)
         for m in (1, 16):
             x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
             row = {"shape": name, "M": m, "targets": {}}

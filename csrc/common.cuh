@@ -186,16 +186,10 @@ __device__ __forceinline__ void pdl_launch_dependents() {
 }
 
 // ------------------------------------------------------------------ thread-block clusters (SM90+)
-// Barrier over the CTAs of this cluster; shared-memory writes before it (release) are visible to
-// the other CTAs' distributed-shared-memory reads after it (acquire).
-__device__ __forceinline__ void cluster_sync() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
-#endif
-}
-// The two halves of cluster_sync, for a CTA that has work between them or leaves after arriving:
-// every thread of every CTA of the cluster arrives once per phase and waits before arriving again.
-// relaxed: orders nothing (e.g. "this CTA has started", arrived at kernel entry).
+// Cluster barrier halves: every thread of every CTA of the cluster arrives once per phase and
+// waits before arriving again. arrive (release) makes this thread's earlier shared-memory writes
+// visible to the other CTAs after their wait (acquire); relaxed orders nothing (e.g. "this CTA
+// has started", arrived at kernel entry).
 __device__ __forceinline__ void cluster_arrive_relaxed() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");
@@ -210,6 +204,12 @@ __device__ __forceinline__ void cluster_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
 #endif
+}
+// Barrier over the CTAs of this cluster; shared-memory writes before it are visible to the other
+// CTAs' distributed-shared-memory reads after it.
+__device__ __forceinline__ void cluster_sync() {
+  cluster_arrive();
+  cluster_wait();
 }
 // Shared-window address of the variable at `p` (this CTA's shared memory) in cluster CTA `rank`.
 __device__ __forceinline__ uint32_t cluster_map_shared(const void* p, uint32_t rank) {

@@ -169,25 +169,24 @@ __global__ void __launch_bounds__(32 * WARPS) gemm_w4a16_warpk_kernel(const W4A1
     cluster_wait();  // phase 2: the peers' sums are in peer[]
     if (summer)
       for (int r = 1; r < p.splits; ++r) v += peer[r - 1][q][lane];
-    SM120_W4A16_STAMP(3);
-  } else {
-    SM120_W4A16_STAMP(3);
   }
+  SM120_W4A16_STAMP(3);
   if (summer) w4a16_store(p, group, rt, tok0, g, t, q >> 2, q & 3, v, __ldg(p.weight_scale_2) * 256.0f);
   SM120_W4A16_STAMP(4);
 }
 
-template <int WARPS>
-cudaError_t launch_warpk(const W4A16Params& p, const W4A16Plan& plan, bool pdl, cudaStream_t stream) {
+// The PDL launch runs the PDL instantiation (template flag = launch attribute).
+template <int WARPS, bool PDL>
+cudaError_t launch_warpk(const W4A16Params& p, const W4A16Plan& plan, cudaStream_t stream) {
   const dim3 grid(plan.n_ctas, plan.splits, plan.m_blocks), block(32 * WARPS);
   const unsigned cluster_y = (unsigned)plan.splits;  // 1: no cluster
-  if (pdl)
-    return plan.m_tiles == 1
-               ? launch_kernel(gemm_w4a16_warpk_kernel<1, WARPS, true>, grid, block, stream, true, cluster_y, p)
-               : launch_kernel(gemm_w4a16_warpk_kernel<2, WARPS, true>, grid, block, stream, true, cluster_y, p);
   return plan.m_tiles == 1
-             ? launch_kernel(gemm_w4a16_warpk_kernel<1, WARPS, false>, grid, block, stream, false, cluster_y, p)
-             : launch_kernel(gemm_w4a16_warpk_kernel<2, WARPS, false>, grid, block, stream, false, cluster_y, p);
+             ? launch_kernel(gemm_w4a16_warpk_kernel<1, WARPS, PDL>, grid, block, stream, PDL, cluster_y, p)
+             : launch_kernel(gemm_w4a16_warpk_kernel<2, WARPS, PDL>, grid, block, stream, PDL, cluster_y, p);
+}
+template <int WARPS>
+cudaError_t launch_warpk(const W4A16Params& p, const W4A16Plan& plan, bool pdl, cudaStream_t stream) {
+  return pdl ? launch_warpk<WARPS, true>(p, plan, stream) : launch_warpk<WARPS, false>(p, plan, stream);
 }
 
 }  // namespace

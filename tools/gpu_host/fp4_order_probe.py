@@ -32,8 +32,7 @@ def main():
         w = torch.randn(n, k, device="cuda") * 0.02
         q = F.quantize_weight_modelopt(w)
         pw = K.pack_weight(q["weight"], q["weight_scale"], q["weight_scale_2"])
-        pws = [pw] + [K.PackedWeight(pw.qweight.clone(), pw.scales.clone(), pw.weight_scale_2.clone(), n, k)
-                      for _ in range(bench.copies_for(0.5625 * n * k, l2) - 1)]
+        pws = bench.rotating_weights(pw, l2)
         wb = w.to(torch.bfloat16)
         wbs = [wb] + [wb.clone() for _ in range(bench.copies_for(2 * n * k, l2) - 1)]
         for m in (1, 16):

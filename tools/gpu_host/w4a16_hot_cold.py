@@ -49,8 +49,7 @@ def main():
             torch.manual_seed(n * 31 + k)
             q = F.quantize_weight_modelopt(torch.randn(n, k, device="cuda") * 0.02)
             pw = K.pack_weight(q["weight"], q["weight_scale"], q["weight_scale_2"])
-            pws = [pw] + [K.PackedWeight(pw.qweight.clone(), pw.scales.clone(), pw.weight_scale_2.clone(), n, k)
-                          for _ in range(B.copies_for(0.5625 * n * k, l2) - 1)]
+            pws = B.rotating_weights(pw, l2)
             x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
             plan_kw = {key: kw[key] for key in ("kernel", "split_target", "cluster") if key in kw}
             row = {"case": case, "N": n, "K": k, "M": m, "plan": K.w4a16_plan(m, n, k, sms, **plan_kw),
