@@ -145,10 +145,12 @@ __device__ __forceinline__ uint32_t smem_addr(const void* p) {
 // runs with a garbage memory descriptor and the H200 stops the kernel with "illegal instruction"
 // (ptxas 13.5 encodes the same instruction correctly). test_kernel_build.py rejects any SASS that
 // reads a uniform register the kernel never writes.
-__device__ __forceinline__ void cp_async16(void* dst, const void* src, int src_bytes) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
-               "r"(src_bytes)
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, int src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes)
                : "memory");
+}
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, int src_bytes) {
+  cp_async16(smem_addr(dst), src, src_bytes);
 }
 
 __device__ __forceinline__ void cp_async_commit() {

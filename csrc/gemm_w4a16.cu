@@ -73,25 +73,27 @@ __global__ void __launch_bounds__(32 * WARPS) gemm_w4a16_kernel(const W4A16Param
   const int c_begin = split * p.chunks_per_split;
   const int c_end = min(c_begin + p.chunks_per_split, p.n_chunks);
   const int n_stages = ceil_div(c_end - c_begin, CPS);
+  // Stages inside both the split and K (all but possibly the last) skip the bounds tests.
+  const int n_full_stages = max(0, (min(c_end, p.K / kChunkK) - c_begin) / CPS);
 
 
-  // Per-thread copy sources at chunk 0, advanced by the chunk offset each stage.
-  // Weights: item (row tile rt, chunk cc, lane) = ((warp + W j) / CPS, (warp + W j) % CPS, lane).
+  // Per-thread copy sources at chunk 0, advanced by the chunk offset each stage. Weights: item j
+  // is row tile rt0 + j * kItemTiles of chunk cc0 (one chunk per warp, W being a multiple of CPS),
+  // so every item's shared destination is the first one's plus a constant: one address register
+  // per stage instead of one per item (the loop is issue-bound; session 15's ncu source view).
+  static_assert(T::kWarps % CPS == 0, "a warp's weight items share one chunk");
+  constexpr int kItemTiles = T::kWarps / CPS;
+  const int rt0 = warp / CPS, cc0 = warp % CPS;
   const uint8_t* w_src[T::kWItems];
-  int w_dst[T::kWItems], w_cc[T::kWItems];
 #pragma unroll
-  for (int j = 0; j < T::kWItems; ++j) {
-    const int rc = warp + T::kWarps * j, rt = rc / CPS, cc = rc % CPS;
-    w_src[j] = p.qweight + (((int64_t)group * 8 + rt) * p.n_chunks + cc) * 512 + lane * 16;
-    w_dst[j] = (cc * 8 + rt) * 512 + lane * 16;
-    w_cc[j] = cc;
-  }
+  for (int j = 0; j < T::kWItems; ++j)
+    w_src[j] = p.qweight + (((int64_t)group * 8 + rt0 + kItemTiles * j) * p.n_chunks + cc0) * 512 + lane * 16;
+  const uint32_t w_dst = (cc0 * 8 + rt0) * 512 + lane * 16;  // item j: + j * kItemTiles * 512
   const int s_cc = tid >> 5;  // scales: CPS x 512 B, threads tid < 32 * CPS
   const uint8_t* s_src = p.scales + ((int64_t)group * p.n_chunks + s_cc) * 512 + lane * 16;
   // X: item (row r, unit u of 16 B) = i / (8 * CPS), i % (8 * CPS)
   const __nv_bfloat16* x_src[T::kXItems];
-  int x_dst[T::kXItems], x_k[T::kXItems];
-  bool x_row_ok[T::kXItems];
+  int x_dst[T::kXItems], x_k[T::kXItems], x_bytes[T::kXItems];  // 0: a token row past M (zero-filled)
   const bool x_loader = !T::kXSomeThreads || tid < T::kXUnits;  // threads that own an X unit
 #pragma unroll
   for (int j = 0; j < T::kXItems; ++j) {
@@ -99,31 +101,31 @@ __global__ void __launch_bounds__(32 * WARPS) gemm_w4a16_kernel(const W4A16Param
     const int r = i / (8 * CPS), u = i % (8 * CPS);
     const int tok = tok0 + r;
     x_k[j] = (u >> 3) * kChunkK + (u & 7) * 8;
-    x_row_ok[j] = tok < p.M;
-    x_src[j] = p.x + (int64_t)(x_row_ok[j] ? tok : 0) * p.K + x_k[j];
+    x_bytes[j] = tok < p.M ? 16 : 0;
+    x_src[j] = p.x + (int64_t)(tok < p.M ? tok : 0) * p.K + x_k[j];  // a valid address either way
     // XOR swizzle of the 16-byte unit by row parity: conflict-free LDS.128 in compute()
     x_dst[j] = T::kWBytes + T::kSBytes + r * T::kXRowBytes + ((u ^ ((r & 1) << 2)) * 16);
   }
 
-  // Stages fully inside the split and inside K (all but possibly the last) skip the bounds tests.
   // kWhat selects the weights + scales (no earlier kernel writes them, so they may be read before
   // pdl_wait) and/or the activations X (written by the previous kernel).
-  auto load_stage = [&](int stage, int buf, auto what_tag) {
+  // `base`: the stage buffer's shared-window address.
+  auto load_stage = [&](int stage, uint32_t base, auto what_tag) {
     constexpr int kWhat = decltype(what_tag)::value;
-    uint8_t* base = smem + buf * T::kStageBytes;
     const int c0 = c_begin + stage * CPS;
-    const bool full = c0 + CPS <= c_end && (c0 + CPS) * kChunkK <= p.K;
+    const bool full = stage < n_full_stages;
+    const int rem = c_end - c0;  // partial stage: chunks left in the split
     auto issue = [&](auto full_tag) {
       constexpr bool kFull = decltype(full_tag)::value;
       if constexpr ((kWhat & kLoadWeights) != 0) {
 #pragma unroll
         for (int j = 0; j < T::kWItems; ++j) {
-          const bool ok = kFull || c0 + w_cc[j] < c_end;
-          cp_async16(base + w_dst[j], ok ? w_src[j] + (int64_t)c0 * 512 : p.qweight, ok ? 16 : 0);
+          const bool ok = kFull || cc0 < rem;
+          cp_async16(base + w_dst + j * kItemTiles * 512, ok ? w_src[j] + (int64_t)c0 * 512 : p.qweight, ok ? 16 : 0);
         }
         if (tid < 32 * CPS) {
-          const bool ok = kFull || c0 + s_cc < c_end;
-          cp_async16(base + T::kWBytes + s_cc * 512 + lane * 16,
+          const bool ok = kFull || s_cc < rem;
+          cp_async16(base + T::kWBytes + tid * 16,
                      ok ? s_src + (int64_t)c0 * 512 : p.scales, ok ? 16 : 0);
         }
       }
@@ -131,9 +133,8 @@ __global__ void __launch_bounds__(32 * WARPS) gemm_w4a16_kernel(const W4A16Param
         if (x_loader) {
 #pragma unroll
           for (int j = 0; j < T::kXItems; ++j) {
-            const bool ok = x_row_ok[j] &&
-                            (kFull || (c0 * kChunkK + x_k[j] < p.K && c0 + (x_k[j] >> 6) < c_end));
-            cp_async16(base + x_dst[j], ok ? x_src[j] + c0 * kChunkK : p.x, ok ? 16 : 0);
+            const bool ok = kFull || (x_k[j] < p.K - c0 * kChunkK && (x_k[j] >> 6) < rem);
+            cp_async16(base + x_dst[j], ok ? x_src[j] + c0 * kChunkK : p.x, ok ? x_bytes[j] : 0);
           }
         }
       }
@@ -151,22 +152,25 @@ __global__ void __launch_bounds__(32 * WARPS) gemm_w4a16_kernel(const W4A16Param
   const int swz = (g & 1) << 2;
   const int s_off = w4a16_scale_offset(g);
 
-  auto compute = [&](int buf) {
-    const uint8_t* base = smem + buf * T::kStageBytes;
+  // A thread's read offsets in a stage buffer; the rest of each address is a constant.
+  // (cc * 8 + t) ^ swz = cc * 8 + (t ^ swz): the swizzle only flips bit 2.
+  const int wq_off = warp * T::kTilesPerWarp * 512 + lane * 16;
+  const int sc_off = T::kWBytes + warp * T::kTilesPerWarp * 64 + s_off;
+  const int xl_off = T::kWBytes + T::kSBytes + g * T::kXRowBytes + (t ^ swz) * 16;
+  const int xh_off = T::kWBytes + T::kSBytes + g * T::kXRowBytes + ((4 + t) ^ swz) * 16;
+  auto compute = [&](const uint8_t* base) {
 #pragma unroll
     for (int cc = 0; cc < CPS; ++cc) {
       uint4 xl[M_TILES], xh[M_TILES];
 #pragma unroll
       for (int mt = 0; mt < M_TILES; ++mt) {
-        const uint8_t* xrow = base + T::kWBytes + T::kSBytes + (mt * 8 + g) * T::kXRowBytes;
-        xl[mt] = lds128(xrow + (((cc * 8 + t) ^ swz) * 16));
-        xh[mt] = lds128(xrow + (((cc * 8 + 4 + t) ^ swz) * 16));
+        xl[mt] = lds128(base + xl_off + mt * 8 * T::kXRowBytes + cc * 128);
+        xh[mt] = lds128(base + xh_off + mt * 8 * T::kXRowBytes + cc * 128);
       }
 #pragma unroll
       for (int i = 0; i < T::kTilesPerWarp; ++i) {
-        const int rt = warp * T::kTilesPerWarp + i;
-        const uint4 wq = lds128(base + (cc * 8 + rt) * 512 + lane * 16);
-        const uint2 sc = lds64(base + T::kWBytes + cc * 512 + rt * 64 + s_off);
+        const uint4 wq = lds128(base + wq_off + (cc * 8 + i) * 512);
+        const uint2 sc = lds64(base + sc_off + cc * 512 + i * 64);
         w4a16_chunk_mma<M_TILES>(acc[i], wq, sc, scale_sel, xl, xh);
       }
     }
@@ -178,32 +182,38 @@ __global__ void __launch_bounds__(32 * WARPS) gemm_w4a16_kernel(const W4A16Param
   using LoadWeights = std::integral_constant<int, kLoadWeights>;
   using LoadX = std::integral_constant<int, kLoadX>;
   using LoadAll = std::integral_constant<int, kLoadWeights | kLoadX>;
+  const uint32_t smem_s = smem_addr(smem);
 #pragma unroll
   for (int s = 0; s < T::kStages - 1; ++s)
-    if (s < n_stages) load_stage(s, s, LoadWeights{});
+    if (s < n_stages) load_stage(s, smem_s + s * T::kStageBytes, LoadWeights{});
+  // Needed only by the store, but requested now: issued after the loop, its DRAM latency was the
+  // last thing each CTA waited for (2-3% of a glm5 q_b TP 1 call's stall samples, session 15).
+  const float alpha = __ldg(p.weight_scale_2) * 256.0f;
   pdl_wait();
 #pragma unroll
   for (int s = 0; s < T::kStages - 1; ++s) {
-    if (s < n_stages) load_stage(s, s, LoadX{});
+    if (s < n_stages) load_stage(s, smem_s + s * T::kStageBytes, LoadX{});
     cp_async_commit();
   }
-  int read_buf = 0, write_buf = T::kStages - 1;
+  // The buffers as a ring of addresses (read and write side), advanced once per stage.
+  constexpr int kLastBuf = (T::kStages - 1) * T::kStageBytes;
+  const uint8_t* rd = smem;
+  uint32_t wr = smem_s + kLastBuf;
   for (int it = 0; it < n_stages; ++it) {
     cp_async_wait<T::kStages - 2>();
     __syncthreads();
     if (it == 0) SM120_W4A16_STAMP(1);
-    if (it + T::kStages - 1 < n_stages) load_stage(it + T::kStages - 1, write_buf, LoadAll{});
+    if (it + T::kStages - 1 < n_stages) load_stage(it + T::kStages - 1, wr, LoadAll{});
     cp_async_commit();
-    compute(read_buf);
-    read_buf = read_buf + 1 == T::kStages ? 0 : read_buf + 1;
-    write_buf = write_buf + 1 == T::kStages ? 0 : write_buf + 1;
+    compute(rd);
+    rd = rd == smem + kLastBuf ? smem : rd + T::kStageBytes;
+    wr = wr == smem_s + kLastBuf ? smem_s : wr + T::kStageBytes;
   }
   cp_async_wait<0>();
   SM120_W4A16_STAMP(2);
   // Every load of this grid is in; the next grid may start prefetching its own weights.
   pdl_launch_dependents();
 
-  const float alpha = __ldg(p.weight_scale_2) * 256.0f;
   auto store = [&](const float (&v)[T::kTilesPerWarp][M_TILES][4]) {
 #pragma unroll
     for (int i = 0; i < T::kTilesPerWarp; ++i)

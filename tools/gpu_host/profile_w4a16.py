@@ -2,7 +2,10 @@
 cudaProfilerStart/Stop, for Nsight Compute to profile:
 
     ncu --clock-control none --profile-from-start off --section SpeedOfLight ... \\
-        python3 tools/gpu_host/profile_w4a16.py [--cases-out FILE]
+        python3 tools/gpu_host/profile_w4a16.py [--cases-out FILE] [--only "q_b tp1" --ms 1,16]
+
+Per-instruction stall samples (session 15): `ncu --set full --import-source no -k regex:gemm_w4a16
+-o REP ...`, then `ncu -i REP.ncu-rep --page source --csv --print-source sass`.
 
 Why: bench_fp4_gemm.py times calls, but cannot say why a >= 8 MB weight streams at ~2.2 TB/s
 while cuBLAS reads bf16 weights at ~3.7 TB/s (2026-12-01). ncu's stall reasons, achieved
@@ -41,13 +44,21 @@ BF16_CASES = [("glm5 q_b tp1", 16384, 2048, 1), ("glm5 o_proj tp1", 6144, 16384,
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cases-out", type=Path, default=None, help="the launch order as JSON ({targets, note, cases})")
+    ap.add_argument("--only", default="", help="profile only the cases whose name contains this text")
+    ap.add_argument("--ms", default="", help="comma list of M replacing each selected case's M (e.g. 1,16)")
     args = ap.parse_args()
+    ms = [int(v) for v in args.ms.split(",") if v.strip()]
+    cases = [(name, n, k, m2, mult, warps) for name, n, k, m, mult, warps in CASES if args.only in name
+             for m2 in (ms or [m])]
+    bf16_cases = [(name, n, k, m2) for name, n, k, m in BF16_CASES if args.only in name for m2 in (ms or [m])]
+    if not cases and not bf16_cases:
+        sys.exit(f"error: no case name contains {args.only!r}")
     if not torch.cuda.is_available() or not K.available():
         sys.exit("error: needs a CUDA GPU and the built kernel library (SGLANG_SM120_KERNEL_LIB)")
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     ops, order = [], []
     weights = {}
-    for name, n, k, m, mult, warps in CASES:
+    for name, n, k, m, mult, warps in cases:
         if (n, k) not in weights:
             q = F.quantize_weight_modelopt(torch.randn(n, k, device="cuda") * 0.02)
             weights[(n, k)] = K.pack_weight(q["weight"], q["weight_scale"], q["weight_scale_2"])
@@ -58,7 +69,7 @@ def main():
         ops.append(lambda x=x, pw=pw, kw=kw: K.gemm_w4a16(x, pw, **kw))
         order.append({"kernel": "gemm_w4a16", "case": name, "N": n, "K": k, "M": m, "warps": warps,
                       "split_target": target or "default (csrc/kernels.h rule)", "plan": plan})
-    for name, n, k, m in BF16_CASES:
+    for name, n, k, m in bf16_cases:
         w = torch.randn(n, k, device="cuda").to(torch.bfloat16)
         x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
         ops.append(lambda x=x, w=w: torch.nn.functional.linear(x, w))
