@@ -217,7 +217,7 @@ def bench_shape(name, n, k, ms, l2, copy_bw, floor_us, marlin, reps, log):
                 [lambda p=p: K.gemm_w4a16(x, p, pdl=True, kernel="warpk") for p in pws], reps)
         r["ours_pdl_us"] = time_ops([lambda p=p: K.gemm_w4a16(x, p, pdl=True) for p in pws], reps)
         # both warp counts per 128-row CTA of the split-K kernel (same bits); the default picks one by M
-        r["default_warps"] = K.w4a16_warps(m)
+        r["default_warps"] = K.w4a16_warps(m, n, k, sms)
         for w in WARP_COUNTS:
             r[f"ours_{w}w_us"] = time_ops(
                 [lambda p=p: K.gemm_w4a16(x, p, pdl=False, warps=w, kernel="split") for p in pws], reps)
@@ -271,7 +271,7 @@ def bench_shape(name, n, k, ms, l2, copy_bw, floor_us, marlin, reps, log):
     return rows
 
 
-WARP_COUNTS = (4, 8)  # W4A16 warps per 128-row CTA; the default picks one by M (K.w4a16_warps)
+WARP_COUNTS = (4, 8)  # W4A16 warps per 128-row CTA; the default's plan picks one (K.w4a16_warps)
 
 
 def set_speedups(r):
@@ -436,7 +436,8 @@ def write_md(path, meta, rows, targets, extra, est, tuning):
           "no split where the tiles fill 3/4 of the SMs, or 1/3 of them with K <= 512 (since session 11), else 2x "
           "for weights >= 8 MB, else 1x at M <= 16 and 0.5x above; before session 9 it was 2x). "
           "`warps` = plain/PDL us with 4 and with 8 warps per 128-row CTA (the same bits); `*` marks the "
-          f"count the default ran (SGLANG_SM120_W4A16_WARPS={K.WARPS_DEFAULT}; auto: 8 at 9 <= M <= 16, else 4).",
+          f"count the default ran (SGLANG_SM120_W4A16_WARPS={K.WARPS_DEFAULT}; auto: 8 at 9 <= M <= 16 unless the "
+          "split-K grid has more than 3 CTAs per SM (since session 15), else 4).",
           "",
           f"| shape | N | K | M | ours us | kernel | split / warp-K / warp-K PDL us | BW % | at floor us | ours PDL us | split {ROW_SPLIT_LABELS} | warps | PDL+cluster us | bf16 us | x bf16 | Marlin us | x Marlin | W4A4 us |",
           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]

@@ -99,14 +99,16 @@ const char* sm120_last_error() { return g_error; }
 // 2: sm120_w4a16_workspace_layout, fixed ticket region; 3: sm120_gemm_w4a16 takes `pdl`;
 // 4: `flags` (kW4A16Pdl | kW4A16ClusterReduce) for the W4A16 GEMM and its plan, plan out[5];
 // 5: flag kW4A16EightWarps; 6: plan out[6] = split target (the default is no longer 2 per SM);
-// 7: flags kW4A16WarpK / kW4A16SplitK, plan out[7] = warp-K kernel
-int sm120_abi_version() { return 7; }
+// 7: flags kW4A16WarpK / kW4A16SplitK, plan out[7] = warp-K kernel;
+// 8: flag kW4A16AutoWarps, plan out[8] = split-K warps per CTA
+int sm120_abi_version() { return 8; }
 
 const char* sm120_build_archs() { return SM120_BUILD_ARCHS; }
 
 // Split plan of the W4A16 GEMM;
 // out = {m_tiles, m_blocks, n_ctas, splits, chunks_per_split, cluster-reduced (0/1), split target,
-// warp-K warps per CTA (0: the split-K kernel)}; for warp-K, n_ctas counts 16-row tiles and
+// warp-K warps per CTA (0: the split-K kernel), split-K warps per CTA (4 or 8; 0: warp-K)}; for
+// warp-K, n_ctas counts 16-row tiles and
 // splits the CTAs of one tile's cluster.
 // Host-only (no device needed): *workspace_needed receives the bytes the plan uses.
 int sm120_w4a16_plan(int M, int N, int K, int sm_count, size_t workspace_bytes, int split_target,
@@ -124,6 +126,7 @@ int sm120_w4a16_plan(int M, int N, int K, int sm_count, size_t workspace_bytes, 
   out[5] = p.cluster ? 1 : 0;
   out[6] = p.split_target;
   out[7] = p.warpk ? p.warpk_warps : 0;
+  out[8] = p.warpk ? 0 : p.eight_warps ? 8 : 4;
   if (workspace_needed) *workspace_needed = p.workspace_bytes;
   return kOk;
 }
@@ -169,7 +172,8 @@ int sm120_quantize_nvfp4(int device, const void* x, const void* global_scale, vo
 // left at zero by every launch). split_target <= 0 picks default_split_target_w4a16's. flags: kW4A16Pdl (1)
 // launches it as a programmatic dependent launch (its weight prefetch may overlap the previous
 // kernel's tail); kW4A16ClusterReduce (2) reduces up to 8 splits inside a thread-block cluster;
-// kW4A16EightWarps (4) runs 8 warps per CTA (one 16-row tile each) instead of 4 (two each);
+// kW4A16EightWarps (4) runs 8 warps per CTA (one 16-row tile each) instead of 4 (two each),
+// kW4A16AutoWarps (32) 8 or 4 by w4a16_eight_warps;
 // kW4A16WarpK (8, M <= 16) / kW4A16SplitK (16) pick the warp-K or the split-K kernel (default:
 // default_w4a16_warpk).
 int sm120_gemm_w4a16(int device, const void* x, const void* qweight, const void* scales,
@@ -190,7 +194,7 @@ int sm120_gemm_w4a16(int device, const void* x, const void* qweight, const void*
   const W4A16Plan plan = plan_w4a16(M, N, K, info.sm_count, workspace ? workspace_bytes : 0, split_target, flags);
   return launch_gemm_w4a16(x, qweight, scales, static_cast<const float*>(weight_scale_2), bias, y,
                            M, N, K, workspace, workspace_bytes, plan, (flags & kW4A16Pdl) != 0,
-                           (flags & kW4A16EightWarps) != 0, static_cast<cudaStream_t>(stream));
+                           static_cast<cudaStream_t>(stream));
 }
 
 // y bf16 [M,N] = (xq . Wq^T) * input_scale * weight_scale_2 (+ bias). xq: P-order packed

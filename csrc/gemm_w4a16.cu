@@ -425,13 +425,16 @@ W4A16Plan plan_w4a16(int M, int N, int K, int sm_count, size_t workspace_bytes, 
     // M = 64 ran 3 splits where 5 fit the 8 MB workspace, 1.45x the time on the H200.
     splits = splits - 1;
   }
+  plan.eight_warps = (flags & kW4A16EightWarps) != 0 ||
+                     ((flags & kW4A16AutoWarps) != 0 && w4a16_eight_warps(M, base * plan.splits, sm_count));
   return plan;
 }
 
 int launch_gemm_w4a16(const void* x, const void* qweight, const void* scales,
                       const float* weight_scale_2, const void* bias, void* y, int M, int N, int K,
                       void* workspace, size_t workspace_bytes, const W4A16Plan& plan, bool pdl,
-                      bool eight_warps, cudaStream_t stream) {
+                      cudaStream_t stream) {
+  const bool eight_warps = plan.eight_warps;
   const bool tickets = plan.splits > 1 && !plan.cluster;  // plan_w4a16 clusters only 2..8 splits
   if (tickets && (workspace == nullptr || plan.workspace_bytes > workspace_bytes))
     return set_error(kWorkspaceTooSmall, "gemm_w4a16: workspace of %zu bytes, plan needs %zu",

@@ -68,19 +68,32 @@ struct W4A16Plan {
   bool warpk;                 // gemm_w4a16_warpk: one CTA per 16-row tile, K split over its warps
   int warpk_warps;            // its warps per CTA (8 or 16; 0 for the split-K kernel)
   int split_target;           // CTAs aimed for: the caller's, or default_split_target_w4a16's
+  bool eight_warps;           // split-K kernel: 8 warps per CTA (flags; kW4A16AutoWarps: w4a16_eight_warps)
 };
 // Flags of sm120_gemm_w4a16 / sm120_w4a16_plan.
 // kW4A16EightWarps: 8 warps x 1 row tile per 128-row CTA instead of 4 x 2 (same bits).
 // kW4A16WarpK / kW4A16SplitK: run the warp-K kernel (M <= 16 only) / the 128-row split-K kernel;
-// neither: default_w4a16_warpk decides.
+// neither: default_w4a16_warpk decides. kW4A16AutoWarps: 8 or 4 warps by w4a16_eight_warps
+// (kW4A16EightWarps, if also given, wins).
 enum : int {
   kW4A16Pdl = 1,
   kW4A16ClusterReduce = 2,
   kW4A16EightWarps = 4,
   kW4A16WarpK = 8,
   kW4A16SplitK = 16,
-  kW4A16KnownFlags = kW4A16Pdl | kW4A16ClusterReduce | kW4A16EightWarps | kW4A16WarpK | kW4A16SplitK
+  kW4A16AutoWarps = 32,
+  kW4A16KnownFlags =
+      kW4A16Pdl | kW4A16ClusterReduce | kW4A16EightWarps | kW4A16WarpK | kW4A16SplitK | kW4A16AutoWarps
 };
+// The default warp count of the split-K kernel: 8 for the 16-token M tile (9 <= M <= 16; twice the
+// warps per SM, session 12: 0.95x the 4-warp time over 22 shapes), unless the grid already puts
+// more than kW4A16EightWarpsMaxCtasPerSm CTAs on an SM: glm5 o_proj TP 1 at M = 16 (4 splits per
+// SM, 528 CTAs) ran 1.10x slower with 8 warps in every H200 run since session 12 (session 15 A/B:
+// 27.7 vs 25.0 us), the only such row; with <= 3 CTAs per SM 8 warps were 0.87-1.03x.
+constexpr int kW4A16EightWarpsMaxCtasPerSm = 3;
+constexpr bool w4a16_eight_warps(int M, int64_t ctas, int sm_count) {
+  return M > 8 && M <= 16 && ctas <= (int64_t)kW4A16EightWarpsMaxCtasPerSm * sm_count;
+}
 // Warps of a warp-K CTA: 8, or 16 where a CTA's K slice has more than kW4A16WarpK16MinChunks
 // 64-K chunks (more than 4 per warp at 8 warps) and its CTAs fit the SMs one each: each warp's
 // slice then needs fewer serial DRAM round trips (glm5 shared gate_up TP 4/8 0.88x the 8-warp
@@ -137,7 +150,7 @@ W4A16Plan plan_w4a16(int M, int N, int K, int sm_count, size_t workspace_bytes, 
 int launch_gemm_w4a16(const void* x, const void* qweight, const void* scales,
                       const float* weight_scale_2, const void* bias, void* y, int M, int N, int K,
                       void* workspace, size_t workspace_bytes, const W4A16Plan& plan, bool pdl,
-                      bool eight_warps, cudaStream_t stream);
+                      cudaStream_t stream);
 
 #ifdef SM120_W4A16_TIMELINE
 // Diagnostics build only: per-CTA global-timer stamps of the W4A16 kernel (entry, first stage in

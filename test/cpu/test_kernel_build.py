@@ -202,7 +202,7 @@ def test_library_loads_without_gpu(built):
     code = (
         "import ctypes; lib = ctypes.CDLL(%r);"
         "lib.sm120_build_archs.restype = ctypes.c_char_p;"
-        "out = (ctypes.c_int * 8)(); need = ctypes.c_size_t(0);"
+        "out = (ctypes.c_int * 9)(); need = ctypes.c_size_t(0);"
         "rc = lib.sm120_w4a16_plan(1, 6144, 2048, 132, ctypes.c_size_t(1 << 24), 0, 16, out, ctypes.byref(need));"
         "print(lib.sm120_abi_version(), lib.sm120_build_archs().decode(), rc, list(out))"
     ) % str(out / kb.LIBRARY_NAME)
@@ -210,10 +210,11 @@ def test_library_loads_without_gpu(built):
     assert proc.returncode == 0, proc.stderr
     abi, archs, rc, plan = proc.stdout.split(" ", 3)
     assert (abi, archs, rc) == (str(_lib_abi_version()), "sm_90a,sm_120a", "0")
-    m_tiles, m_blocks, n_ctas, splits, _, cluster, target, warpk = eval(plan)
+    m_tiles, m_blocks, n_ctas, splits, _, cluster, target, warpk, warps = eval(plan)
     # the split-K kernel (flag 16): 6144 x 2048 is a 7 MB weight, below the 8 MB line, so M = 1 aims
-    # for 1 CTA per SM
-    assert (m_tiles, m_blocks, n_ctas, cluster, target, warpk) == (1, 1, 48, 0, 132, 0) and n_ctas * splits >= 132
+    # for 1 CTA per SM; no warp flag: 4 warps
+    assert (m_tiles, m_blocks, n_ctas, cluster, target, warpk, warps) == (1, 1, 48, 0, 132, 0, 4)
+    assert n_ctas * splits >= 132
 
 
 def test_bad_arch_and_compile_error_are_one_line(tmp_path):
@@ -248,11 +249,12 @@ def _plan_fn(lib_path):
     size_t = ctypes.c_size_t
 
     def plan(m, n, k, sms, split_target=0, flags=0):
-        out, need, lay = (ctypes.c_int * 8)(), size_t(0), (size_t * 4)()
+        out, need, lay = (ctypes.c_int * 9)(), size_t(0), (size_t * 4)()
         assert lib.sm120_w4a16_plan(m, n, k, sms, size_t(WORKSPACE), split_target, flags, out,
                                     ctypes.byref(need)) == 0
         assert lib.sm120_w4a16_workspace_layout(m, n, k, sms, size_t(WORKSPACE), split_target, flags, lay) == 0
-        keys = ("m_tiles", "m_blocks", "n_ctas", "splits", "chunks_per_split", "cluster", "split_target", "warpk")
+        keys = ("m_tiles", "m_blocks", "n_ctas", "splits", "chunks_per_split", "cluster", "split_target", "warpk",
+                "warps")
         return dict(zip(keys, out), workspace_bytes=need.value, ticket_region_bytes=lay[0],
                     partial_offset=lay[1], partial_tile_bytes=lay[2])
     plan.lib = lib
@@ -386,17 +388,40 @@ def test_w4a16_unknown_flags_are_refused(built):
     plan = _plan_fn(out / kb.LIBRARY_NAME)
     lib = plan.lib
     lib.sm120_last_error.restype = ctypes.c_char_p
-    o, need = (ctypes.c_int * 8)(), ctypes.c_size_t(0)
+    o, need = (ctypes.c_int * 9)(), ctypes.c_size_t(0)
 
     def rc(m, flags):
         return lib.sm120_w4a16_plan(m, 512, 512, 132, ctypes.c_size_t(WORKSPACE), 0, flags, o, ctypes.byref(need))
 
-    assert rc(1, 32) != 0
-    assert b"unknown flags 0x20" in lib.sm120_last_error()
-    # 1 | 2 | 4 | 8 (PDL, cluster reduce, eight warps, warp-K) and 16 (split-K) are known
+    assert rc(1, 64) != 0
+    assert b"unknown flags 0x40" in lib.sm120_last_error()
+    # 1 | 2 | 4 | 8 (PDL, cluster reduce, eight warps, warp-K), 16 (split-K) and 32 (auto warps) are known
     assert rc(1, 15) == 0 and o[7] == 8 and rc(1, 7 | 16) == 0 and o[7] == 0  # out[7]: warp-K warps
+    assert o[8] == 8 and rc(1, 16 | 32) == 0 and o[8] == 4  # out[8]: split-K warps
     assert rc(1, 8 | 16) != 0 and b"exclude each other" in lib.sm120_last_error()
     assert rc(16, 8) == 0 and rc(17, 8) != 0 and b"M <= 16, got M=17" in lib.sm120_last_error()
+
+
+def test_w4a16_auto_warps_take_8_at_m_9_to_16_unless_the_grid_has_more_than_3_ctas_per_sm(built):
+    """kW4A16AutoWarps (32): 8 warps per split-K CTA for the 16-token tile, except where the grid
+    already puts more than 3 CTAs on an SM (glm5 o_proj TP 1 at M = 16: 48 tiles x 11 splits at 132
+    SMs; 8 warps ran it 1.10x slower on the H200). An explicit 8 (flag 4) wins."""
+    _, out, _ = built
+    plan = _plan_fn(out / kb.LIBRARY_NAME)
+    auto, split, eight = 32, 16, 4
+    for n, k in GEMM_SHAPES:
+        for m in GEMM_MS:
+            for sms in (132, 188):
+                p = plan(m, n, k, sms, flags=split | auto)
+                ctas = p["n_ctas"] * p["m_blocks"] * p["splits"]
+                assert p["warps"] == (8 if 9 <= m <= 16 and ctas <= 3 * sms else 4), (m, n, k, sms, p)
+                assert plan(m, n, k, sms, flags=split)["warps"] == 4
+                assert plan(m, n, k, sms, flags=split | auto | eight)["warps"] == 8
+    o_proj = plan(16, 6144, 16384, 132, flags=split | auto)
+    assert (o_proj["n_ctas"] * o_proj["splits"], o_proj["warps"]) == (528, 4)
+    assert plan(16, 16384, 2048, 132, flags=split | auto)["warps"] == 8  # glm5 q_b TP 1: 128 CTAs
+    warpk = plan(16, 512, 6144, 132, flags=auto)  # glm5 shared gate_up TP 8: the warp-K kernel, no split-K warps
+    assert warpk["warpk"] and warpk["warps"] == 0
 
 
 @pytest.mark.parametrize("sms", [132, 188])

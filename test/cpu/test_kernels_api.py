@@ -36,16 +36,19 @@ def test_env_sets_the_default_and_a_bad_value_names_the_variable():
     assert bad.returncode != 0 and "SGLANG_SM120_W4A16_WARPS must be 4, 8 or auto" in bad.stderr
 
 
-def test_auto_warps_are_8_for_the_16_token_tile_only(monkeypatch):
+def test_auto_warps_leave_the_choice_to_the_plan(monkeypatch):
+    """"auto" sends kW4A16AutoWarps (the plan picks 4 or 8: test_kernel_build.py checks the rule), an
+    explicit count its own flag (8: kW4A16EightWarps, 4: none)."""
     from sglang.sm120.kernels import ops
 
+    assert ops._FLAG_AUTO_WARPS == 32 and "kW4A16AutoWarps = 32" in (REPO / "csrc" / "kernels.h").read_text()
     monkeypatch.setattr(ops, "WARPS_DEFAULT", "auto")
-    assert [ops.w4a16_warps(m) for m in (1, 8, 9, 16, 17, 32, 64, 1024)] == [4, 4, 8, 8, 4, 4, 4, 4]
-    assert ops.w4a16_warps(12, 4) == 4 and ops.w4a16_warps(1, 8) == 8  # an explicit count wins
+    assert ops._warps_flag(None) == ops._FLAG_AUTO_WARPS
+    assert ops._warps_flag(4) == 0 and ops._warps_flag(8) == ops._FLAG_EIGHT_WARPS  # an explicit count wins
     monkeypatch.setattr(ops, "WARPS_DEFAULT", 4)
-    assert ops.w4a16_warps(16) == 4
+    assert ops._warps_flag(None) == 0
     with pytest.raises(ValueError, match="warps must be 4 or 8"):
-        ops.w4a16_warps(16, 6)
+        ops._warps_flag(6)
 
 
 def test_benchmarks_import_this_checkouts_kernels_over_an_installed_sglang():

@@ -88,7 +88,7 @@ void run_case(const Case& c, int sms, size_t l2_bytes) {
   CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
   auto launch = [&](int i) {
     const int rc = sm120::launch_gemm_w4a16(x, w[i], s[i], ws2, nullptr, y, c.m, c.n, c.k, ws, ws_bytes, plan,
-                                            /*pdl=*/false, /*eight_warps=*/false, st);
+                                            /*pdl=*/false, st);  // 4 warps: the plan has no warp flag
     if (rc != 0) {
       fprintf(stderr, "w4a16_timeline: launch failed (%d)\n", rc);
       exit(1);

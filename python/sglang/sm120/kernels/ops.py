@@ -32,7 +32,7 @@ PDL_DEFAULT = os.environ.get("SGLANG_SM120_PDL", "1") not in ("", "0")
 # instead of by the last CTA of each tile; SGLANG_SM120_W4A16_CLUSTER=1 makes it the default.
 CLUSTER_DEFAULT = os.environ.get("SGLANG_SM120_W4A16_CLUSTER", "0") not in ("", "0")
 _FLAG_PDL, _FLAG_CLUSTER, _FLAG_EIGHT_WARPS = 1, 2, 4  # kW4A16Pdl, ...ClusterReduce, ...EightWarps (kernels.h)
-_FLAG_WARPK, _FLAG_SPLITK = 8, 16  # kW4A16WarpK, kW4A16SplitK
+_FLAG_WARPK, _FLAG_SPLITK, _FLAG_AUTO_WARPS = 8, 16, 32  # kW4A16WarpK, kW4A16SplitK, kW4A16AutoWarps
 _W4A16_WARPS = (4, 8)
 # Which W4A16 kernel runs: "warpk" (one CTA per 16-row tile, K split over its 8 warps; M <= 16),
 # "split" (128-row CTAs, split-K across CTAs) or "auto" (csrc's default_w4a16_warpk rule).
@@ -64,21 +64,26 @@ def _warps(value, name: str, auto: bool = False):
 
 
 # Warps per 128-row CTA of the W4A16 GEMM: 4 (two 16-row tiles each) or 8 (one each; twice the
-# warps per SM for the same grid, the same bits). The default, "auto" (session 12): 8 for the
-# 16-token M tile (9 <= M <= 16), 4 otherwise. On the H200, 3 runs x 22 shapes, 8 warps took 0.95x
-# the time of 4 at M = 16 (faster on 19 of 22 shapes, by 2-14%; 3-11% slower on the three N = 6144
-# shapes with 3-6 splits) and 1.00-1.04x at every other M (docs/kernels.md, session 12).
+# warps per SM for the same grid, the same bits). The default, "auto": 8 for the 16-token M tile
+# (9 <= M <= 16) unless the split-K grid has more than 3 CTAs per SM, 4 otherwise; the plan decides
+# (csrc/kernels.h, w4a16_eight_warps). On the H200, 3 runs x 22 shapes, 8 warps took 0.95x the time
+# of 4 at M = 16 and 1.00-1.04x at every other M (session 12); glm5 o_proj TP 1 at M = 16 (528 CTAs)
+# 1.10x in every run since, the grid rule of session 15 (docs/kernels.md).
 # SGLANG_SM120_W4A16_WARPS=4, 8 or auto sets the default.
 WARPS_DEFAULT = _warps(os.environ.get("SGLANG_SM120_W4A16_WARPS", "auto"), "SGLANG_SM120_W4A16_WARPS", auto=True)
 
 
-def w4a16_warps(m: int, warps: Optional[int] = None) -> int:
-    """The warps per CTA a W4A16 call with M tokens runs with: `warps` if given, else the default
-    (SGLANG_SM120_W4A16_WARPS; "auto": 8 for the 16-token M tile, 9 <= M <= 16, else 4)."""
+def _warps_flag(warps) -> int:
+    """The plan/launch flag of a warp setting: `warps` if given, else the default."""
     setting = WARPS_DEFAULT if warps is None else _warps(warps, "warps")
-    if setting != "auto":
-        return setting
-    return 8 if 8 < m <= 16 else 4
+    return _FLAG_AUTO_WARPS if setting == "auto" else _FLAG_EIGHT_WARPS if setting == 8 else 0
+
+
+def w4a16_warps(m: int, n: int, k: int, sm_count: int, warps: Optional[int] = None, split_target: int = 0) -> int:
+    """The warps per CTA the split-K kernel runs a W4A16 call with (M, N, K on sm_count SMs): `warps`
+    if given, else the default (SGLANG_SM120_W4A16_WARPS; "auto": 8 at 9 <= M <= 16 where the
+    split-K grid has at most 3 CTAs per SM, else 4). Host only."""
+    return w4a16_plan(m, n, k, sm_count, split_target=split_target, kernel="split", warps=warps)["warps"]
 
 
 _ws_lock = threading.Lock()
@@ -240,7 +245,8 @@ def gemm_w4a16(x: torch.Tensor, weight: PackedWeight, *, bias: Optional[torch.Te
     cluster: reduce up to 8 splits inside a thread-block cluster (None:
     $SGLANG_SM120_W4A16_CLUSTER, default off); more splits still go through the workspace.
     Both reductions sum in the same order: the results are bit-identical.
-    warps: 4 or 8 per 128-row CTA (None: $SGLANG_SM120_W4A16_WARPS, default auto: w4a16_warps);
+    warps: 4 or 8 per 128-row CTA of the split-K kernel (None: $SGLANG_SM120_W4A16_WARPS, default
+    auto: the plan picks, w4a16_warps);
     the same bits.
     kernel: "auto", "split" or "warpk" (None: $SGLANG_SM120_W4A16_KERNEL, default auto). "warpk"
     (M <= 16) runs one CTA per 16-row weight tile with K split over its warps: no split-K
@@ -278,12 +284,11 @@ def _launch_w4a16(x, weight: PackedWeight, bias, y, workspace_buf, split_target:
                   pdl: bool = PDL_DEFAULT, cluster: bool = CLUSTER_DEFAULT, warps: Optional[int] = None,
                   kernel: Optional[str] = None) -> None:
     dev = x.device
-    warps = w4a16_warps(x.shape[0], warps)
     if kernel is None:
         kernel = KERNEL_DEFAULT
         if kernel == "warpk" and x.shape[0] > WARPK_MAX_M:
             kernel = "split"  # SGLANG_SM120_W4A16_KERNEL=warpk covers the calls it can serve
-    flags = ((_FLAG_PDL if pdl else 0) | (_FLAG_CLUSTER if cluster else 0) | (_FLAG_EIGHT_WARPS if warps == 8 else 0)
+    flags = ((_FLAG_PDL if pdl else 0) | (_FLAG_CLUSTER if cluster else 0) | _warps_flag(warps)
              | _W4A16_KERNEL_FLAGS[kernel])
     rc = _lib.load().sm120_gemm_w4a16(dev.index, _ptr(x), _ptr(weight.qweight), _ptr(weight.scales),
                                       _ptr(weight.weight_scale_2), _ptr(bias), _ptr(y), x.shape[0], weight.n,
@@ -291,7 +296,7 @@ def _launch_w4a16(x, weight: PackedWeight, bias, y, workspace_buf, split_target:
                                       flags, _stream(dev))
     _lib.check(rc, "gemm_w4a16")
     _debug_sync(dev, f"gemm_w4a16(M={x.shape[0]}, N={weight.n}, K={weight.k}, split_target={split_target}, "
-                     f"pdl={pdl}, cluster={cluster}, warps={warps}, kernel={kernel})")
+                     f"pdl={pdl}, cluster={cluster}, warps={WARPS_DEFAULT if warps is None else warps}, kernel={kernel})")
 
 
 _W4A4_MODES = {"auto": 0, "hardware": 1, "emulate": 2}
@@ -375,7 +380,7 @@ def layer_w4a4(x, input_scale, input_scale_inv, weight: PackedWeight, bias) -> t
 
 
 def w4a16_plan(m: int, n: int, k: int, sm_count: int, workspace_bytes: int = _WORKSPACE_BYTES,
-               split_target: int = 0, cluster: bool = False, kernel: str = "auto") -> dict:
+               split_target: int = 0, cluster: bool = False, kernel: str = "auto", warps=None) -> dict:
     """The split-K plan the W4A16 GEMM would use and its workspace layout (host only; for tests
     and benchmarks). Tickets (one int per tile z * n_ctas + x) occupy the first
     ticket_region_bytes for every plan; partial slot (tile, split) starts at
@@ -383,10 +388,10 @@ def w4a16_plan(m: int, n: int, k: int, sm_count: int, workspace_bytes: int = _WO
     "cluster" in the result says whether this plan reduces in a cluster (then it uses no
     workspace). kernel: as gemm_w4a16's; "warpk" in the result says which kernel the plan runs
     (then n_ctas counts 16-row tiles, splits the CTAs of a cluster per tile and warpk_warps the
-    warps per CTA)."""
+    warps per CTA); otherwise "warps" is the split-K kernel's warps per CTA (warps: as gemm_w4a16's)."""
     lib = _lib.load()
-    flags = (_FLAG_CLUSTER if cluster else 0) | _W4A16_KERNEL_FLAGS[_kernel(kernel, "kernel")]
-    out = (ctypes.c_int * 8)()
+    flags = (_FLAG_CLUSTER if cluster else 0) | _W4A16_KERNEL_FLAGS[_kernel(kernel, "kernel")] | _warps_flag(warps)
+    out = (ctypes.c_int * 9)()
     need = ctypes.c_size_t(0)
     _lib.check(lib.sm120_w4a16_plan(m, n, k, sm_count, workspace_bytes, split_target, flags, out,
                                     ctypes.byref(need)), "w4a16_plan")
@@ -395,6 +400,6 @@ def w4a16_plan(m: int, n: int, k: int, sm_count: int, workspace_bytes: int = _WO
                "w4a16_workspace_layout")
     return {"m_tiles": out[0], "m_blocks": out[1], "n_ctas": out[2], "splits": out[3],
             "chunks_per_split": out[4], "cluster": bool(out[5]), "split_target": out[6], "warpk": bool(out[7]),
-            "warpk_warps": out[7],
+            "warpk_warps": out[7], "warps": out[8],
             "workspace_bytes": need.value,
             "ticket_region_bytes": lay[0], "partial_offset": lay[1], "partial_tile_bytes": lay[2]}
