@@ -399,6 +399,10 @@ W4A16Plan plan_w4a16(int M, int N, int K, int sm_count, size_t workspace_bytes, 
   const int64_t target = split_target > 0 ? split_target : default_split_target_w4a16(M, N, K, sm_count, base);
   plan.split_target = target > INT32_MAX ? INT32_MAX : (int)target;
   int64_t splits = base >= target ? 1 : (target + base - 1) / base;
+  // One-wave targets (at most one CTA per SM): a split count whose grid overflows the SMs gives
+  // some SMs two CTAs, twice the work of the rest; take the most splits that fit.
+  if (target <= sm_count && base * splits > sm_count)
+    splits = sm_count / base > 1 ? sm_count / base : 1;
   const int max_splits = n_chunks / 2 > 1 ? n_chunks / 2 : 1;  // >= 128 K per split
   if (splits > max_splits) splits = max_splits;
   if (splits > 65535) splits = 65535;

@@ -125,6 +125,10 @@ constexpr int64_t kW4A16MaxTicketTiles = kW4A16TicketRegionBytes / sizeof(int);
 // a microsecond, so once the tiles fill a third of the SMs the split's hand-off (partials through
 // L2, a ticket, the last CTA's loads: 0.3-1.1 us there) costs more than it saves; unsplit was
 // 0.72-0.93x the split time on every such row (glm5 kv_b / shared down at TP 4 and 8, M 1..128).
+// One wave (session 15): where the target is at most one CTA per SM, the split count is rounded
+// down so that the grid fits the SMs (glm5 o_proj TP 8 / shared down TP 1, 48 tiles on 132 SMs:
+// 2 splits instead of 3, 0.90-0.94x the time at M 1-16 in three H200 runs of the bench's split
+// columns; 3 splits had put two CTAs on 12 SMs).
 // Huge weights (session 13, >= 32 MB): 4 CTAs per SM. glm5 o_proj TP 1 (56.6 MB) ran 0.96-0.97x
 // the 2-per-SM time at M 1-8, 0.84x at 16 and 0.86x at 32 in two H200 runs (the bench's split
 // sweep, s12 and s13; the only such shape in the table, so in-sample).

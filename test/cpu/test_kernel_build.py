@@ -425,6 +425,28 @@ def test_w4a16_auto_warps_take_8_at_m_9_to_16_unless_the_grid_has_more_than_3_ct
 
 
 @pytest.mark.parametrize("sms", [132, 188])
+def test_w4a16_one_wave_targets_keep_the_grid_within_the_sms(built, sms):
+    """Where the default aims at one CTA per SM or fewer, the split count is rounded down so the grid
+    fits the SMs (3 splits of glm5 o_proj TP 8's 48 tiles put two CTAs on 12 of 132 SMs: 0.90-0.94x
+    the time with 2 on the H200), the default's target and a caller's alike. Larger targets (2 or 4
+    CTAs per SM) keep the rounded-up count."""
+    _, out, _ = built
+    plan = _plan_fn(out / kb.LIBRARY_NAME)
+    for n, k in GEMM_SHAPES:
+        for m in GEMM_MS:
+            p = plan(m, n, k, sms, flags=16)
+            tiles = p["n_ctas"] * p["m_blocks"]
+            if p["split_target"] <= sms and p["splits"] > 1:
+                assert tiles * p["splits"] <= sms, (m, n, k, sms, p)
+    if sms == 132:
+        assert plan(16, 6144, 2048, sms, flags=16)["splits"] == 2  # 96 CTAs, not 144
+        assert plan(16, 5120, 2048, sms, flags=16)["splits"] == 3  # 120 CTAs, not 160
+        assert plan(16, 6144, 2048, sms, split_target=sms, flags=16)["splits"] == 2  # a caller's target too
+        assert plan(16, 6144, 2048, sms, split_target=2 * sms, flags=16)["splits"] == 6  # 2 per SM: rounded up
+        assert plan(1, 16384, 2048, sms, flags=16)["splits"] == 1  # 128 tiles fill 3/4 of the SMs
+
+
+@pytest.mark.parametrize("sms", [132, 188])
 def test_w4a16_split_shrinks_to_the_most_splits_whose_partials_fit(built, sms):
     """A plan whose partials overflow the workspace keeps the largest split count that fits (not half
     of its wanted count): glm5 o_proj tp1 (6144 x 16384) at M = 64 wants 6 splits at 132 SMs, and 5
@@ -441,7 +463,10 @@ def test_w4a16_split_shrinks_to_the_most_splits_whose_partials_fit(built, sms):
             fits = lambda s: p["partial_offset"] + tiles * s * p["partial_tile_bytes"] <= WORKSPACE  # noqa: E731
             assert fits(p["splits"]), (m, n, k, p)
             n_chunks = -(-k // 64)
-            wanted = min(-(-p["split_target"] // tiles), max(1, n_chunks // 2))  # >= 128 K per split
+            wanted = -(-p["split_target"] // tiles)
+            if p["split_target"] <= sms and tiles * wanted > sms:  # one-wave targets: the grid fits the SMs
+                wanted = max(1, sms // tiles)
+            wanted = min(wanted, max(1, n_chunks // 2))  # >= 128 K per split
             cps_unit = 2 if p["m_tiles"] <= 2 else 1
             wanted = -(-n_chunks // (-(-(-(-n_chunks // wanted)) // cps_unit) * cps_unit))  # whole stages
             if wanted > p["splits"]:  # shrunk: one more split (after the chunk rounding) must not fit

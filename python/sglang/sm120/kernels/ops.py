@@ -240,7 +240,8 @@ def gemm_w4a16(x: torch.Tensor, weight: PackedWeight, *, bias: Optional[torch.Te
     workspace_buf: optional zero-initialised uint8 CUDA buffer owned by the caller's stream
     (default: a cached one per device and stream). split_target: CTAs to aim for (0 = the default: no split
     when the output tiles fill 3/4 of the SMs, or a third of them with K <= 512; else 2 per SM for
-    weights of >= 8 MB, else 1 per SM at M <= 16 and 1 per 2 SMs above; csrc/kernels.h).
+    weights of >= 8 MB (4 from 32 MB), else 1 per SM at M <= 16 and 1 per 2 SMs above; csrc/kernels.h);
+    a target of at most one CTA per SM takes the most splits whose grid still fits the SMs.
     pdl: programmatic dependent launch (None: $SGLANG_SM120_PDL, default on).
     cluster: reduce up to 8 splits inside a thread-block cluster (None:
     $SGLANG_SM120_W4A16_CLUSTER, default off); more splits still go through the workspace.
