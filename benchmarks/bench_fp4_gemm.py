@@ -295,7 +295,8 @@ def add_floor_bounds(r, floor_us, copy_bw):
 
 # Split-K targets swept: "none" (target 1: one CTA per output tile, no reduction pass) up to 8
 # CTAs per SM; the default (split_target 0) is csrc/kernels.h's rule (no split where the tiles fill
-# 3/4 of the SMs, else 2x for weights >= 8 MB, else 1x at M <= 16 and 0.5x above).
+# 3/4 of the SMs, else 2x for weights >= 8 MB (4x from 32 MB), else 1x at M <= 16 and 0.5x above;
+# targets of at most 1x take the most splits whose grid fits the SMs, since session 15).
 SPLIT_TARGET_OF = {"none": lambda sms: 1, "0.25x": lambda sms: sms // 4, "0.5x": lambda sms: sms // 2,
                    "1x": lambda sms: sms, "2x": lambda sms: 2 * sms, "3x": lambda sms: 3 * sms,
                    "4x": lambda sms: 4 * sms, "8x": lambda sms: 8 * sms}
@@ -434,7 +435,8 @@ def write_md(path, meta, rows, targets, extra, est, tuning):
           "",
           f"`split {ROW_SPLIT_LABELS}` = PDL us with those split targets in SMs (`ours PDL` is the default: "
           "no split where the tiles fill 3/4 of the SMs, or 1/3 of them with K <= 512 (since session 11), else 2x "
-          "for weights >= 8 MB, else 1x at M <= 16 and 0.5x above; before session 9 it was 2x). "
+          "for weights >= 8 MB (4x from 32 MB), else 1x at M <= 16 and 0.5x above, a target of at most 1x taking the "
+          "most splits whose grid fits the SMs (since session 15); before session 9 it was 2x). "
           "`warps` = plain/PDL us with 4 and with 8 warps per 128-row CTA (the same bits); `*` marks the "
           f"count the default ran (SGLANG_SM120_W4A16_WARPS={K.WARPS_DEFAULT}; auto: 8 at 9 <= M <= 16 unless the "
           "split-K grid has more than 3 CTAs per SM (since session 15), else 4).",
@@ -526,8 +528,9 @@ def main():
     meta["w4a16_kernel_default"] = K.KERNEL_DEFAULT
     meta["w4a16_default_split_target"] = ("no split where the output tiles fill 3/4 of the SMs, or 1/3 of them "
                                           "with K <= 512 (since session 11), else 2x SMs for weights >= 8 MB "
-                                          "(packed + scales), else 1x SMs at M <= 16 and 0.5x above "
-                                          "(csrc/kernels.h, since session 9; 2x SMs before)")
+                                          "(packed + scales; 4x from 32 MB), else 1x SMs at M <= 16 and 0.5x above; "
+                                          "a target of at most 1x SMs takes the most splits whose grid fits the SMs "
+                                          "(csrc/kernels.h, since session 9; 2x SMs before; one wave since session 15)")
     extra["time_8w_vs_4w_geomean"] = {
         f"m{lo}_{hi}": _geomean([r["ours_8w_us"] / r["ours_4w_us"] for r in rows
                                  if lo <= r["M"] <= hi and "ours_8w_us" in r and "ours_4w_us" in r])
