@@ -108,8 +108,7 @@ const char* sm120_build_archs() { return SM120_BUILD_ARCHS; }
 // Split plan of the W4A16 GEMM;
 // out = {m_tiles, m_blocks, n_ctas, splits, chunks_per_split, cluster-reduced (0/1), split target,
 // warp-K warps per CTA (0: the split-K kernel), split-K warps per CTA (4 or 8; 0: warp-K)}; for
-// warp-K, n_ctas counts 16-row tiles and
-// splits the CTAs of one tile's cluster.
+// warp-K, n_ctas counts 16-row tiles and splits the CTAs of one tile's cluster.
 // Host-only (no device needed): *workspace_needed receives the bytes the plan uses.
 int sm120_w4a16_plan(int M, int N, int K, int sm_count, size_t workspace_bytes, int split_target,
                      int flags, int* out, size_t* workspace_needed) {

@@ -188,7 +188,7 @@ __global__ void __launch_bounds__(32 * WARPS) gemm_w4a16_kernel(const W4A16Param
     if (s < n_stages) load_stage(s, smem_s + s * T::kStageBytes, LoadWeights{});
   // Needed only by the store, but requested now: issued after the loop, its DRAM latency was the
   // last thing each CTA waited for (2-3% of a glm5 q_b TP 1 call's stall samples, session 15).
-  const float alpha = __ldg(p.weight_scale_2) * 256.0f;
+  const float alpha = w4a16_alpha(p);
   pdl_wait();
 #pragma unroll
   for (int s = 0; s < T::kStages - 1; ++s) {
@@ -438,7 +438,6 @@ int launch_gemm_w4a16(const void* x, const void* qweight, const void* scales,
                       const float* weight_scale_2, const void* bias, void* y, int M, int N, int K,
                       void* workspace, size_t workspace_bytes, const W4A16Plan& plan, bool pdl,
                       cudaStream_t stream) {
-  const bool eight_warps = plan.eight_warps;
   const bool tickets = plan.splits > 1 && !plan.cluster;  // plan_w4a16 clusters only 2..8 splits
   if (tickets && (workspace == nullptr || plan.workspace_bytes > workspace_bytes))
     return set_error(kWorkspaceTooSmall, "gemm_w4a16: workspace of %zu bytes, plan needs %zu",
@@ -467,12 +466,12 @@ int launch_gemm_w4a16(const void* x, const void* qweight, const void* scales,
   }
   const dim3 grid(plan.n_ctas, plan.splits, plan.m_blocks);
   const unsigned cluster_y = plan.cluster ? (unsigned)plan.splits : 1u;
-  const cudaError_t err = eight_warps ? launch_w4a16_warps<8>(plan.m_tiles, grid, stream, pdl, cluster_y, p)
+  const cudaError_t err = plan.eight_warps ? launch_w4a16_warps<8>(plan.m_tiles, grid, stream, pdl, cluster_y, p)
                                       : launch_w4a16_warps<4>(plan.m_tiles, grid, stream, pdl, cluster_y, p);
   if (err != cudaSuccess) {
     (void)cudaGetLastError();  // the same error is pending there: do not report it twice
     return set_error(kLaunchFailed, "gemm_w4a16: launch failed (pdl=%d, cluster=%u, warps=%d): %s", pdl ? 1 : 0,
-                     cluster_y, eight_warps ? 8 : 4, cudaGetErrorString(err));
+                     cluster_y, plan.eight_warps ? 8 : 4, cudaGetErrorString(err));
   }
   return check_launch("gemm_w4a16");
 }

@@ -90,7 +90,7 @@ __global__ void __launch_bounds__(32 * WARPS) gemm_w4a16_warpk_kernel(const W4A1
   // Needed only by the store; the plain instantiation requests it now, so its latency is not the
   // call's last wait (0.96-0.97x the time on warp-K rows, H200 session 15). Under PDL the call's
   // start overlaps the previous one anyway and the early load measured 1.02-1.04x: load it late.
-  const float alpha_early = PDL ? 0.0f : __ldg(p.weight_scale_2) * 256.0f;
+  const float alpha_early = PDL ? 0.0f : w4a16_alpha(p);
 
   uint4 wq[kWarpKBatch];
   uint2 sc[kWarpKBatch];
@@ -175,7 +175,7 @@ __global__ void __launch_bounds__(32 * WARPS) gemm_w4a16_warpk_kernel(const W4A1
       for (int r = 1; r < p.splits; ++r) v += peer[r - 1][q][lane];
   }
   SM120_W4A16_STAMP(3);
-  if (summer) w4a16_store(p, group, rt, tok0, g, t, q >> 2, q & 3, v, PDL ? __ldg(p.weight_scale_2) * 256.0f : alpha_early);
+  if (summer) w4a16_store(p, group, rt, tok0, g, t, q >> 2, q & 3, v, PDL ? w4a16_alpha(p) : alpha_early);
   SM120_W4A16_STAMP(4);
 }
 

@@ -84,6 +84,11 @@ __device__ __forceinline__ void w4a16_chunk_mma(float (&acc)[M_TILES][4], const 
 #undef SM120_W4A16_STEP
 }
 
+// The fp32 epilogue factor: weight_scale_2 * 2^8 (the MMA operands carry e2m1 * scale * 2^-8).
+__device__ __forceinline__ float w4a16_alpha(const W4A16Params& p) {
+  return __ldg(p.weight_scale_2) * 256.0f;
+}
+
 // Stores accumulator element e of M tile mt (lane g, t) of row tile `rt` in 128-row group `group`:
 // y = v * alpha (+ bias), skipping rows >= N and tokens >= M.
 __device__ __forceinline__ void w4a16_store(const W4A16Params& p, int group, int rt, int tok0, int g, int t,
