@@ -1,9 +1,12 @@
-"""Times the two W4A16 kernels (split-K and warp-K) on every projection shape at M <= 16, in the
-bench's harness (CUDA-graph replays over rotating weight copies), plain and PDL launches; the
-data csrc's default_w4a16_warpk rule is fitted on. Each row is timed warp-K, split, warp-K, so
-neither kernel always follows the other's graph.
+"""Times W4A16 kernels side by side on every projection shape at M <= 16, in the bench's harness
+(CUDA-graph replays over rotating weight copies), plain and PDL launches; the data csrc's kernel
+rules (default_w4a16_warpk, default_w4a16_rows) are fitted on. Each row is timed in the order of
+--kernels and then in reverse, so no kernel always follows another's graph; a spec is KERNEL or
+KERNEL:WARPS ("split", "warpk", "rows", "rows:4"). Rows where two specs must give the same bits (the
+row-stream kernel vs the split-K kernel unsplit) are compared with torch.equal and reported.
 
-    PYTHONPATH=python python3 tools/gpu_host/w4a16_kernel_ab.py --out ab.jsonl [--shapes a,b]
+    PYTHONPATH=python python3 tools/gpu_host/w4a16_kernel_ab.py --out ab.jsonl [--shapes a,b] \
+        [--kernels warpk,split]
 """
 from __future__ import annotations
 
@@ -22,17 +25,25 @@ import torch  # noqa: E402
 K, F = B.K, B.F
 
 
+def _spec(text):
+    kernel, _, warps = text.partition(":")
+    return text, kernel, int(warps) if warps else None
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--shapes", default="")
     ap.add_argument("--ms", default="1,2,4,8,16")
     ap.add_argument("--reps", type=int, default=15)
+    ap.add_argument("--kernels", default="warpk,split", help="comma-separated KERNEL[:WARPS] specs")
     args = ap.parse_args()
+    specs = [_spec(s.strip()) for s in args.kernels.split(",") if s.strip()]
     l2 = torch.cuda.get_device_properties(0).L2_cache_size
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     want = [s.strip() for s in args.shapes.split(",") if s.strip()]
     ms = [int(m) for m in args.ms.split(",")]
+    mismatches = 0
     with args.out.open("w") as f:
         for name, n, k in B.shapes():
             if want and not any(w in name for w in want):
@@ -43,25 +54,35 @@ def main():
             pws = B.rotating_weights(pw, l2)
             for m in ms:
                 x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
+                runnable = [(label, kn, w) for label, kn, w in specs
+                            if not ((kn == "warpk" and m > K.WARPK_MAX_M) or (kn == "rows" and not K.rows_fit(m, k)))]
                 row = {"shape": name, "N": n, "K": k, "M": m,
-                       "split_plan": K.w4a16_plan(m, n, k, sms, kernel="split"),
-                       "default_kernel": "warpk" if K.w4a16_plan(m, n, k, sms)["warpk"] else "split"}
+                       "default_kernel": K.w4a16_plan(m, n, k, sms)["kernel"],
+                       "plans": {label: K.w4a16_plan(m, n, k, sms, kernel=kn, warps=w) for label, kn, w in runnable}}
+                outs = {label: K.gemm_w4a16(x, pw, kernel=kn, warps=w, pdl=False) for label, kn, w in runnable}
+                split_unsplit = [lb for lb, kn, _ in runnable if kn == "split" and row["plans"][lb]["splits"] == 1]
+                for lb, kn, _ in runnable:
+                    if kn == "rows" and split_unsplit:
+                        row[f"{lb}_bits_equal_split"] = same = bool(torch.equal(outs[lb], outs[split_unsplit[0]]))
+                        mismatches += not same
                 for pdl in (False, True):
                     t = {}
-                    for kernel in ("warpk", "split", "warpk"):
-                        t.setdefault(kernel, []).append(B.time_ops(
-                            [lambda p=p, kn=kernel: K.gemm_w4a16(x, p, pdl=pdl, kernel=kn) for p in pws], args.reps))
+                    for label, kn, w in runnable + runnable[::-1]:
+                        t.setdefault(label, []).append(B.time_ops(
+                            [lambda p=p, kn=kn, w=w: K.gemm_w4a16(x, p, pdl=pdl, kernel=kn, warps=w) for p in pws],
+                            args.reps))
                     sfx = "_pdl" if pdl else ""
-                    row[f"warpk{sfx}_us"] = statistics.mean(t["warpk"])
-                    row[f"split{sfx}_us"] = t["split"][0]
-                row["warpk_over_split"] = row["warpk_us"] / row["split_us"]
+                    for label in t:
+                        row[f"{label}{sfx}_us"] = statistics.mean(t[label])
                 f.write(json.dumps(row) + "\n")
                 f.flush()
-                print(f"{name:28s} M={m:3d} split {row['split_us']:6.2f} warpk {row['warpk_us']:6.2f} "
-                      f"({row['warpk_over_split']:.2f}x)  PDL split {row['split_pdl_us']:6.2f} "
-                      f"warpk {row['warpk_pdl_us']:6.2f}", flush=True)
+                print(f"{name:28s} M={m:3d} " + " ".join(
+                    f"{lb} {row[lb + '_us']:6.2f}/{row[lb + '_pdl_us']:6.2f}" for lb, _, _ in runnable)
+                    + "".join(f" {key}={v}" for key, v in row.items() if key.endswith("bits_equal_split")), flush=True)
             del pws
             torch.cuda.empty_cache()
+    if mismatches:
+        raise SystemExit(f"{mismatches} rows where the row-stream kernel did not give the split-K kernel's bits")
 
 
 if __name__ == "__main__":
