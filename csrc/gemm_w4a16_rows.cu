@@ -18,6 +18,9 @@ namespace {
 
 // Chunks per register batch; two batches are in flight per warp (36 KB per SM at 8 warps x 1 tile
 // or 4 x 2, about what the split-K kernel's 3 pipeline stages hold).
+#ifndef SM120_W4A16_ROWS_RING
+#define SM120_W4A16_ROWS_RING 8
+#endif
 #ifndef SM120_W4A16_ROWS_BATCH
 #define SM120_W4A16_ROWS_BATCH 4
 #endif
@@ -25,61 +28,55 @@ constexpr int kRowsBatch = SM120_W4A16_ROWS_BATCH;
 
 // TPW: 16-row tiles per warp (1: 8 warps, 2: 4 warps; the same bits). PDL: the instantiation for
 // programmatic dependent launches (it prefetches its first batches to L2 ahead of the wait).
+
+constexpr int kRowsRing = SM120_W4A16_ROWS_RING;
+template <int TPW>
+__host__ __device__ constexpr int rows_slot_bytes() { return TPW * (512 + 64); }
+__host__ __device__ constexpr int rows_ring_bytes(int tpw) { return (8 / tpw) * kRowsRing * tpw * (512 + 64); }
+
 template <int M_TILES, int TPW, bool PDL>
 __global__ void __launch_bounds__(32 * 8 / TPW) gemm_w4a16_rows_kernel(const W4A16Params p) {
-  // X block: row r (token tok0 + r) at r * row_bytes; in each 128-byte chunk the 16-byte unit u
-  // sits at u ^ ((r & 1) << 2) (conflict-free LDS.128 for the lanes' rows g and units t, 4 + t).
   extern __shared__ __align__(128) uint8_t xs[];
   constexpr int kWarps = 8 / TPW, kThreads = 32 * kWarps;
+  constexpr int kSlot = rows_slot_bytes<TPW>();
   const int tid = threadIdx.x;
   const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
   const int group = blockIdx.x;
   const int tok0 = blockIdx.z * 8 * M_TILES;
   const int n = p.n_chunks;
   const int row_bytes = n * 128;
+  const int x_bytes = M_TILES * n * 1024;
+  // this warp's ring of kRowsRing chunk slots: [TPW][512 B weights] then [TPW][64 B scales]
+  const uint32_t ring = smem_addr(xs) + x_bytes + warp * kRowsRing * kSlot;
+  const uint8_t* ring_p = xs + x_bytes + warp * kRowsRing * kSlot;
 
   const uint8_t* w_src[TPW];
-  const uint8_t* s_src[TPW];
 #pragma unroll
-  for (int i = 0; i < TPW; ++i) {
-    const int rt = warp * TPW + i;
-    w_src[i] = p.qweight + (int64_t)(group * 8 + rt) * n * 512 + lane * 16;
-    s_src[i] = p.scales + (int64_t)group * n * 512 + rt * 64 + w4a16_scale_offset(g);
-  }
-  uint4 wa[kRowsBatch][TPW], wb[kRowsBatch][TPW];
-  uint2 sa[kRowsBatch][TPW], sb[kRowsBatch][TPW];
-  auto load = [&](uint4 (&wq)[kRowsBatch][TPW], uint2 (&sc)[kRowsBatch][TPW], int c0) {
+  for (int i = 0; i < TPW; ++i) w_src[i] = p.qweight + (int64_t)(group * 8 + warp * TPW + i) * n * 512 + lane * 16;
+  // scales of this warp's TPW tiles: TPW * 64 contiguous bytes per chunk, lanes < 4 * TPW copy 16 each
+  const bool s_lane = lane < 4 * TPW;
+  const uint8_t* s_src = p.scales + (int64_t)group * n * 512 + warp * TPW * 64 + (s_lane ? lane : 0) * 16;
+  auto issue = [&](int c, int slot) {
+    const bool ok = c < n;
+    const uint32_t dst = ring + slot * kSlot;
 #pragma unroll
-    for (int u = 0; u < kRowsBatch; ++u)
-      if (c0 + u < n)
-#pragma unroll
-        for (int i = 0; i < TPW; ++i) {
-          wq[u][i] = ldg_stream128(w_src[i] + (int64_t)(c0 + u) * 512);
-          sc[u][i] = ldg_stream64(s_src[i] + (int64_t)(c0 + u) * 512);
-        }
+    for (int i = 0; i < TPW; ++i)
+      cp_async16(dst + i * 512 + lane * 16, ok ? w_src[i] + (int64_t)c * 512 : p.qweight, ok ? 16 : 0);
+    if (s_lane) cp_async16(dst + TPW * 512 + lane * 16, ok ? s_src + (int64_t)c * 512 : p.scales, ok ? 16 : 0);
+    cp_async_commit();
   };
-  // Under PDL, ptxas 13.0 may put the wait ahead of register loads (see the warp-K kernel), so the
-  // PDL instantiation asks L2 for its first two batches first: one prefetch per 128-byte line of
-  // a weight chunk (lanes 0, 8, 16, 24), one for the tile's 64 scale bytes (lane 0).
-  if constexpr (PDL) {
+  if constexpr (PDL) {  // the first chunks to L2 ahead of the wait (ptxas hoists the wait over copies)
 #pragma unroll
-    for (int u = 0; u < 2 * kRowsBatch; ++u)
-      if (u < n && (lane & 7) == 0)
+    for (int s = 0; s < kRowsRing - 1; ++s)
+      if (s < n && (lane & 7) == 0) {
 #pragma unroll
-        for (int i = 0; i < TPW; ++i) {
-          prefetch_l2(w_src[i] + (int64_t)u * 512);
-          if (lane == 0) prefetch_l2(s_src[i] + (int64_t)u * 512);
-        }
+        for (int i = 0; i < TPW; ++i) prefetch_l2(w_src[i] + (int64_t)s * 512);
+        if (lane == 0) prefetch_l2(s_src + (int64_t)s * 512);
+      }
   }
-  load(wa, sa, 0);
-  load(wb, sb, kRowsBatch);
-  const float alpha = w4a16_alpha(p);  // needed by the store only; requested early (see gemm_w4a16.cu)
-
-  // X after the wait (the previous kernel writes it). Only the rows of real tokens: an MMA column
-  // (token) depends on its own X row alone, and the store skips tokens >= M, so rows past M may
-  // hold anything. K past p.K (the last chunk's padding, where the weights are zero) is zero-filled.
+  const float alpha = w4a16_alpha(p);
   pdl_wait();
-  {
+  {  // commit group 0: X (rows of real tokens; K past p.K zero-filled)
     const uint32_t xs_s = smem_addr(xs);
     const int rows = min(8 * M_TILES, p.M - tok0);
     for (int r = 0; r < rows; ++r) {
@@ -91,36 +88,48 @@ __global__ void __launch_bounds__(32 * 8 / TPW) gemm_w4a16_rows_kernel(const W4A
       }
     }
     cp_async_commit();
-    cp_async_wait<0>();
-    __syncthreads();
   }
+#pragma unroll
+  for (int s = 0; s < kRowsRing - 1; ++s) issue(s, s);  // groups 1..R-1: chunks 0..R-2
+  cp_async_wait<kRowsRing - 1>();  // group 0 (X) is in
+  __syncthreads();
 
   float acc[TPW][M_TILES][4] = {};
   const uint32_t scale_sel = w4a16_scale_select(t);
   const int swz = (g & 1) << 2;
   const uint8_t* xl0 = xs + g * row_bytes + (t ^ swz) * 16;
   const uint8_t* xh0 = xs + g * row_bytes + ((4 + t) ^ swz) * 16;
-  auto compute = [&](const uint4 (&wq)[kRowsBatch][TPW], const uint2 (&sc)[kRowsBatch][TPW], int c0) {
+  const int s_off = TPW * 512 + w4a16_scale_offset(g);
+  // Unrolled by the ring length, so every slot address is a constant offset.
+  for (int c0 = 0; c0 < n; c0 += kRowsRing) {
+    const uint8_t* xl_c = xl0 + c0 * 128;
+    const uint8_t* xh_c = xh0 + c0 * 128;
 #pragma unroll
-    for (int u = 0; u < kRowsBatch; ++u)
-      if (c0 + u < n) {
-        uint4 xl[M_TILES], xh[M_TILES];
+    for (int u = 0; u < kRowsRing; ++u) {
+      if (c0 + u >= n) break;
+      cp_async_wait<kRowsRing - 2>();
+      __syncwarp();
+      uint4 wq[TPW];
+      uint2 sc[TPW];
+      const uint8_t* slot = ring_p + u * kSlot;
 #pragma unroll
-        for (int mt = 0; mt < M_TILES; ++mt) {  // row mt * 8 + g has g's parity
-          xl[mt] = lds128(xl0 + mt * 8 * row_bytes + (c0 + u) * 128);
-          xh[mt] = lds128(xh0 + mt * 8 * row_bytes + (c0 + u) * 128);
-        }
-#pragma unroll
-        for (int i = 0; i < TPW; ++i) w4a16_chunk_mma<M_TILES>(acc[i], wq[u][i], sc[u][i], scale_sel, xl, xh);
+      for (int i = 0; i < TPW; ++i) {
+        wq[i] = lds128(slot + i * 512 + lane * 16);
+        sc[i] = lds64(slot + s_off + i * 64);
       }
-  };
-  for (int c0 = 0; c0 < n; c0 += 2 * kRowsBatch) {
-    compute(wa, sa, c0);
-    load(wa, sa, c0 + 2 * kRowsBatch);
-    compute(wb, sb, c0 + kRowsBatch);
-    load(wb, sb, c0 + 3 * kRowsBatch);
+      __syncwarp();  // every lane has read the slot the next copy refills (the one before this)
+      issue(c0 + u + kRowsRing - 1, (u + kRowsRing - 1) % kRowsRing);
+      uint4 xl[M_TILES], xh[M_TILES];
+#pragma unroll
+      for (int mt = 0; mt < M_TILES; ++mt) {
+        xl[mt] = lds128(xl_c + mt * 8 * row_bytes + u * 128);
+        xh[mt] = lds128(xh_c + mt * 8 * row_bytes + u * 128);
+      }
+#pragma unroll
+      for (int i = 0; i < TPW; ++i) w4a16_chunk_mma<M_TILES>(acc[i], wq[i], sc[i], scale_sel, xl, xh);
+    }
   }
-  // Every load of this grid is issued; the next grid may start prefetching its own weights.
+  cp_async_wait<0>();
   pdl_launch_dependents();
 #pragma unroll
   for (int i = 0; i < TPW; ++i)
@@ -133,7 +142,7 @@ __global__ void __launch_bounds__(32 * 8 / TPW) gemm_w4a16_rows_kernel(const W4A
 template <int M_TILES, int TPW>
 cudaError_t launch_rows(const W4A16Params& p, const W4A16Plan& plan, bool pdl, cudaStream_t stream) {
   auto kernel = pdl ? gemm_w4a16_rows_kernel<M_TILES, TPW, true> : gemm_w4a16_rows_kernel<M_TILES, TPW, false>;
-  const size_t smem = w4a16_rows_x_bytes(plan.m_tiles, p.n_chunks);
+  const size_t smem = w4a16_rows_x_bytes(plan.m_tiles, p.n_chunks) + rows_ring_bytes(TPW);
   // Past 48 KB the kernel must opt in, per device; cheap, not a stream operation (graph-capturable).
   if (smem > (48u << 10)) {
     const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);

@@ -97,7 +97,7 @@ enum : int {
 // The row-stream kernel holds the CTA's whole X block (8 * m_tiles token rows x K, padded to whole
 // 64-K chunks) in dynamic shared memory: at most kW4A16RowsMaxXBytes, under SM120's 99 KB per CTA
 // (K <= 6144 at M <= 8, K <= 3072 at M 9..16).
-constexpr int64_t kW4A16RowsMaxXBytes = 96 << 10;
+constexpr int64_t kW4A16RowsMaxXBytes = 64 << 10;
 constexpr int64_t w4a16_rows_x_bytes(int m_tiles, int n_chunks) { return (int64_t)m_tiles * n_chunks * 1024; }
 constexpr bool w4a16_rows_fits(int M, int K) {
   return M >= 1 && M <= 16 && w4a16_rows_x_bytes(M <= 8 ? 1 : 2, (K + 63) / 64) <= kW4A16RowsMaxXBytes;
