@@ -78,16 +78,10 @@ int use_device(int device, DeviceInfo* info) {
 
 bool is_aligned(const void* p, int bytes) { return (reinterpret_cast<uintptr_t>(p) % bytes) == 0; }
 
-int check_w4a16_flags(int flags, int M, int K, const char* what) {
+int check_w4a16_flags(int flags, int M, const char* what) {
   if (flags & ~kW4A16KnownFlags) return set_error(kInvalidArgument, "%s: unknown flags 0x%x", what, flags);
   if ((flags & kW4A16WarpK) && (flags & kW4A16SplitK))
     return set_error(kInvalidArgument, "%s: the warp-K and split-K flags exclude each other", what);
-  if ((flags & kW4A16Rows) && (flags & (kW4A16WarpK | kW4A16SplitK)))
-    return set_error(kInvalidArgument, "%s: the row-stream flag excludes the warp-K and split-K flags", what);
-  if ((flags & kW4A16Rows) && !w4a16_rows_fits(M, K))
-    return set_error(kInvalidArgument,
-                     "%s: the row-stream kernel serves M <= 16 with the X block (8 or 16 rows x K) in %lld bytes "
-                     "of shared memory, got M=%d K=%d", what, (long long)kW4A16RowsMaxXBytes, M, K);
   if ((flags & kW4A16WarpK) && M > kW4A16WarpKMaxM)
     return set_error(kInvalidArgument, "%s: the warp-K kernel serves M <= %d, got M=%d", what, kW4A16WarpKMaxM, M);
   return kOk;
@@ -107,8 +101,7 @@ const char* sm120_last_error() { return g_error; }
 // 5: flag kW4A16EightWarps; 6: plan out[6] = split target (the default is no longer 2 per SM);
 // 7: flags kW4A16WarpK / kW4A16SplitK, plan out[7] = warp-K kernel;
 // 8: flag kW4A16AutoWarps, plan out[8] = split-K warps per CTA
-// 9: flag kW4A16Rows, plan out[9] = row-stream kernel (its warps per CTA in out[8])
-int sm120_abi_version() { return 9; }
+int sm120_abi_version() { return 8; }
 
 const char* sm120_build_archs() { return SM120_BUILD_ARCHS; }
 
@@ -122,7 +115,7 @@ int sm120_w4a16_plan(int M, int N, int K, int sm_count, size_t workspace_bytes, 
   if (M <= 0 || N <= 0 || K <= 0 || sm_count <= 0 || out == nullptr)
     return set_error(kInvalidArgument, "w4a16_plan: bad arguments M=%d N=%d K=%d sm_count=%d", M,
                      N, K, sm_count);
-  if (const int rc = check_w4a16_flags(flags, M, K, "w4a16_plan")) return rc;
+  if (const int rc = check_w4a16_flags(flags, M, "w4a16_plan")) return rc;
   const W4A16Plan p = plan_w4a16(M, N, K, sm_count, workspace_bytes, split_target, flags);
   out[0] = p.m_tiles;
   out[1] = p.m_blocks;
@@ -133,7 +126,6 @@ int sm120_w4a16_plan(int M, int N, int K, int sm_count, size_t workspace_bytes, 
   out[6] = p.split_target;
   out[7] = p.warpk ? p.warpk_warps : 0;
   out[8] = p.warpk ? 0 : p.eight_warps ? 8 : 4;
-  out[9] = p.rows ? 1 : 0;
   if (workspace_needed) *workspace_needed = p.workspace_bytes;
   return kOk;
 }
@@ -146,7 +138,7 @@ int sm120_w4a16_workspace_layout(int M, int N, int K, int sm_count, size_t works
   if (M <= 0 || N <= 0 || K <= 0 || sm_count <= 0 || out == nullptr)
     return set_error(kInvalidArgument, "w4a16_workspace_layout: bad arguments M=%d N=%d K=%d sm_count=%d",
                      M, N, K, sm_count);
-  if (const int rc = check_w4a16_flags(flags, M, K, "w4a16_workspace_layout")) return rc;
+  if (const int rc = check_w4a16_flags(flags, M, "w4a16_workspace_layout")) return rc;
   const W4A16Plan p = plan_w4a16(M, N, K, sm_count, workspace_bytes, split_target, flags);
   out[0] = kW4A16TicketRegionBytes;
   out[1] = p.partial_offset;
@@ -197,7 +189,7 @@ int sm120_gemm_w4a16(int device, const void* x, const void* qweight, const void*
   DeviceInfo info;
   int rc = use_device(device, &info);
   if (rc != kOk) return rc;
-  if ((rc = check_w4a16_flags(flags, M, K, "gemm_w4a16")) != kOk) return rc;
+  if ((rc = check_w4a16_flags(flags, M, "gemm_w4a16")) != kOk) return rc;
   const W4A16Plan plan = plan_w4a16(M, N, K, info.sm_count, workspace ? workspace_bytes : 0, split_target, flags);
   return launch_gemm_w4a16(x, qweight, scales, static_cast<const float*>(weight_scale_2), bias, y,
                            M, N, K, workspace, workspace_bytes, plan, (flags & kW4A16Pdl) != 0,

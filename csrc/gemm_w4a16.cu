@@ -358,12 +358,6 @@ bool default_w4a16_warpk(int M, int N, int K, int sm_count) {
   return w4a16_weight_bytes(N, K) < w4a16_warpk_max_weight_bytes(M);
 }
 
-bool default_w4a16_rows(int M, int N, int K, int sm_count) {
-  if (!w4a16_rows_fits(M, K)) return false;
-  const int64_t tiles = round_up(N, kGroupRows) / kGroupRows;  // one token block at M <= 16
-  return default_split_target_w4a16(M, N, K, sm_count, tiles) <= tiles;
-}
-
 W4A16Plan plan_w4a16(int M, int N, int K, int sm_count, size_t workspace_bytes, int split_target,
                      int flags) {
   W4A16Plan plan{};
@@ -376,7 +370,7 @@ W4A16Plan plan_w4a16(int M, int N, int K, int sm_count, size_t workspace_bytes, 
   const int n_chunks = ceil_div(K, kChunkK);
   // A caller's split target asks for the split-K kernel unless kW4A16WarpK says otherwise.
   if ((flags & kW4A16WarpK) ||
-      (!(flags & (kW4A16SplitK | kW4A16Rows)) && split_target <= 0 && default_w4a16_warpk(M, N, K, sm_count))) {
+      (!(flags & kW4A16SplitK) && split_target <= 0 && default_w4a16_warpk(M, N, K, sm_count))) {
     // One CTA per 16-row tile and token block, K in 8 or 16 slices of whole chunks, nothing to
     // hand off.
     plan.warpk = true;
@@ -401,16 +395,6 @@ W4A16Plan plan_w4a16(int M, int N, int K, int sm_count, size_t workspace_bytes, 
     return plan;
   }
   plan.n_ctas = round_up(N, kGroupRows) / kGroupRows;
-  if ((flags & kW4A16Rows) ||
-      (!(flags & kW4A16SplitK) && split_target <= 0 && default_w4a16_rows(M, N, K, sm_count))) {
-    // One CTA per 128-row group and token block, all of K, nothing to hand off.
-    plan.rows = true;
-    plan.splits = 1;
-    plan.chunks_per_split = n_chunks;
-    plan.split_target = plan.n_ctas * plan.m_blocks;
-    plan.eight_warps = (flags & (kW4A16EightWarps | kW4A16AutoWarps)) != 0;
-    return plan;
-  }
   const int64_t base = (int64_t)plan.n_ctas * plan.m_blocks;
   const int64_t target = split_target > 0 ? split_target : default_split_target_w4a16(M, N, K, sm_count, base);
   plan.split_target = target > INT32_MAX ? INT32_MAX : (int)target;
@@ -476,7 +460,6 @@ int launch_gemm_w4a16(const void* x, const void* qweight, const void* scales,
   p.splits = plan.splits;
   p.cluster_reduce = plan.cluster ? 1 : 0;
   if (plan.warpk) return launch_gemm_w4a16_warpk(p, plan, pdl, stream);
-  if (plan.rows) return launch_gemm_w4a16_rows(p, plan, pdl, stream);
   if (tickets) {
     p.tickets = static_cast<int*>(workspace);
     p.partial = reinterpret_cast<float*>(static_cast<uint8_t*>(workspace) + plan.partial_offset);

@@ -18,6 +18,36 @@
 namespace sm120 {
 namespace {
 
+// A streamed weight or scale fragment: read once per call, so it does not displace L1 lines.
+__device__ __forceinline__ uint4 ldg_stream128(const void* p) {
+  uint4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p));
+  return v;
+}
+__device__ __forceinline__ uint2 ldg_stream64(const void* p) {
+  uint2 v;
+  asm volatile("ld.global.nc.L1::no_allocate.v2.u32 {%0,%1}, [%2];\n" : "=r"(v.x), "=r"(v.y) : "l"(p));
+  return v;
+}
+// Asks L2 for the 128-byte line at p (no register result, so ptxas keeps it where it is written;
+// a load's result would be scheduled after griddepcontrol.wait).
+__device__ __forceinline__ void prefetch_l2(const void* p) {
+  asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p));
+}
+// Activations are written by the previous kernel, which under PDL may still be running when this
+// grid starts: read them at L2 (.cg), never through the non-coherent path, and only after
+// pdl_wait(). asm volatile keeps them after the wait.
+__device__ __forceinline__ uint4 ldg_l2_128(const void* p) {
+  uint4 v;
+  asm volatile("ld.global.cg.v4.u32 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p)
+               : "memory");
+  return v;
+}
+
 // Chunks a warp loads before computing them: 4 keeps 4 x 16 B of weights (plus scales and X) in
 // flight per thread, at 92-128 registers without spilling. 6 for the 16-warp 8-token kernel (124
 // registers) was 0.95-0.97x on glm5 shared gate_up TP 4/8 at M 1-4 and 1.02-1.04x on qwen3 o_proj

@@ -24,10 +24,9 @@ int device_info(int device, DeviceInfo* out);
 // Launch on `stream`; with pdl, as a programmatic dependent launch (the kernel must pdl_wait()
 // before reading anything an earlier kernel writes). Captured into CUDA graphs as a programmatic
 // edge. cluster_y > 1 groups each run of cluster_y CTAs along y into one thread-block cluster.
-// dynamic_smem: bytes of dynamic shared memory (the kernel's attribute must allow them past 48 KB).
 template <typename... Params, typename... Args>
-cudaError_t launch_kernel_smem(void (*kernel)(Params...), dim3 grid, dim3 block, size_t dynamic_smem,
-                               cudaStream_t stream, bool pdl, unsigned cluster_y, Args&&... args) {
+cudaError_t launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, cudaStream_t stream,
+                          bool pdl, unsigned cluster_y, Args&&... args) {
   cudaLaunchAttribute attrs[2];
   unsigned n = 0;
   if (pdl) {
@@ -45,16 +44,11 @@ cudaError_t launch_kernel_smem(void (*kernel)(Params...), dim3 grid, dim3 block,
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = grid;
   cfg.blockDim = block;
-  cfg.dynamicSmemBytes = dynamic_smem;
+  cfg.dynamicSmemBytes = 0;
   cfg.stream = stream;
   cfg.attrs = attrs;
   cfg.numAttrs = n;
   return cudaLaunchKernelEx(&cfg, kernel, static_cast<Args&&>(args)...);
-}
-template <typename... Params, typename... Args>
-cudaError_t launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, cudaStream_t stream,
-                          bool pdl, unsigned cluster_y, Args&&... args) {
-  return launch_kernel_smem(kernel, grid, block, 0, stream, pdl, cluster_y, static_cast<Args&&>(args)...);
 }
 
 int launch_quantize_nvfp4(const void* x, const float* global_scale, void* packed, void* scales,
@@ -74,14 +68,12 @@ struct W4A16Plan {
   bool warpk;                 // gemm_w4a16_warpk: one CTA per 16-row tile, K split over its warps
   int warpk_warps;            // its warps per CTA (8 or 16; 0 for the split-K kernel)
   int split_target;           // CTAs aimed for: the caller's, or default_split_target_w4a16's
-  bool eight_warps;           // split-K / row-stream kernel: 8 warps per CTA (else 4)
-  bool rows;                  // gemm_w4a16_rows: 128-row CTAs, each warp streams all of K, X in shared memory
+  bool eight_warps;           // split-K kernel: 8 warps per CTA (flags; kW4A16AutoWarps: w4a16_eight_warps)
 };
 // Flags of sm120_gemm_w4a16 / sm120_w4a16_plan.
 // kW4A16EightWarps: 8 warps x 1 row tile per 128-row CTA instead of 4 x 2 (same bits).
-// kW4A16WarpK / kW4A16SplitK / kW4A16Rows: run the warp-K kernel (M <= 16 only) / the 128-row
-// split-K kernel / the row-stream kernel (M <= 16 and w4a16_rows_fits); none: default_w4a16_warpk,
-// then default_w4a16_rows decide. kW4A16AutoWarps: 8 or 4 warps by w4a16_eight_warps
+// kW4A16WarpK / kW4A16SplitK: run the warp-K kernel (M <= 16 only) / the 128-row split-K kernel;
+// neither: default_w4a16_warpk decides. kW4A16AutoWarps: 8 or 4 warps by w4a16_eight_warps
 // (kW4A16EightWarps, if also given, wins).
 enum : int {
   kW4A16Pdl = 1,
@@ -90,18 +82,9 @@ enum : int {
   kW4A16WarpK = 8,
   kW4A16SplitK = 16,
   kW4A16AutoWarps = 32,
-  kW4A16Rows = 64,
-  kW4A16KnownFlags = kW4A16Pdl | kW4A16ClusterReduce | kW4A16EightWarps | kW4A16WarpK | kW4A16SplitK |
-                     kW4A16AutoWarps | kW4A16Rows
+  kW4A16KnownFlags =
+      kW4A16Pdl | kW4A16ClusterReduce | kW4A16EightWarps | kW4A16WarpK | kW4A16SplitK | kW4A16AutoWarps
 };
-// The row-stream kernel holds the CTA's whole X block (8 * m_tiles token rows x K, padded to whole
-// 64-K chunks) in dynamic shared memory: at most kW4A16RowsMaxXBytes, under SM120's 99 KB per CTA
-// (K <= 6144 at M <= 8, K <= 3072 at M 9..16).
-constexpr int64_t kW4A16RowsMaxXBytes = 64 << 10;
-constexpr int64_t w4a16_rows_x_bytes(int m_tiles, int n_chunks) { return (int64_t)m_tiles * n_chunks * 1024; }
-constexpr bool w4a16_rows_fits(int M, int K) {
-  return M >= 1 && M <= 16 && w4a16_rows_x_bytes(M <= 8 ? 1 : 2, (K + 63) / 64) <= kW4A16RowsMaxXBytes;
-}
 // The default warp count of the split-K kernel: 8 for the 16-token M tile (9 <= M <= 16; twice the
 // warps per SM, session 12: 0.95x the 4-warp time over 22 shapes), unless the grid already puts
 // more than kW4A16EightWarpsMaxCtasPerSm CTAs on an SM: glm5 o_proj TP 1 at M = 16 (4 splits per
@@ -163,9 +146,6 @@ constexpr int64_t w4a16_warpk_max_weight_bytes(int M) {
   return M <= 2 ? 16000000 : M <= 8 ? 12000000 : 5000000;
 }
 bool default_w4a16_warpk(int M, int N, int K, int sm_count);
-// Whether a call that default_w4a16_warpk leaves to the 128-row kernels runs the row-stream kernel:
-// where the split-K kernel would not split (its tiles fill the SMs) and X fits (w4a16_rows_fits).
-bool default_w4a16_rows(int M, int N, int K, int sm_count);
 // cluster: reduce the splits of a tile inside one thread-block cluster where they fit in one.
 // flags: kW4A16WarpK / kW4A16SplitK pick the kernel (the caller has checked they fit M).
 W4A16Plan plan_w4a16(int M, int N, int K, int sm_count, size_t workspace_bytes, int split_target,

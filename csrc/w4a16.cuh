@@ -31,37 +31,6 @@ static __device__ W4A16Stamps* g_w4a16_stamps;  // null: no stamps
 cudaError_t w4a16_warpk_attach_stamps(W4A16Stamps* device_buffer);  // gemm_w4a16_warpk.cu's pointer
 #endif
 
-// Register-streaming loads of the warp-K and row-stream kernels.
-// A streamed weight or scale fragment: read once per call, so it does not displace L1 lines.
-__device__ __forceinline__ uint4 ldg_stream128(const void* p) {
-  uint4 v;
-  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(p));
-  return v;
-}
-__device__ __forceinline__ uint2 ldg_stream64(const void* p) {
-  uint2 v;
-  asm volatile("ld.global.nc.L1::no_allocate.v2.u32 {%0,%1}, [%2];\n" : "=r"(v.x), "=r"(v.y) : "l"(p));
-  return v;
-}
-// Asks L2 for the 128-byte line at p (no register result, so ptxas keeps it where it is written;
-// a load's result would be scheduled after griddepcontrol.wait).
-__device__ __forceinline__ void prefetch_l2(const void* p) {
-  asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p));
-}
-// Activations are written by the previous kernel, which under PDL may still be running when this
-// grid starts: read them at L2 (.cg), never through the non-coherent path, and only after
-// pdl_wait(). asm volatile keeps them after the wait.
-__device__ __forceinline__ uint4 ldg_l2_128(const void* p) {
-  uint4 v;
-  asm volatile("ld.global.cg.v4.u32 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(p)
-               : "memory");
-  return v;
-}
-
 struct W4A16Params {
   const __nv_bfloat16* x;
   const uint8_t* qweight;
@@ -134,9 +103,7 @@ __device__ __forceinline__ void w4a16_store(const W4A16Params& p, int group, int
   }
 }
 
-// gemm_w4a16_warpk.cu's and gemm_w4a16_rows.cu's launchers (plan.warpk, plan.rows); launch_gemm_w4a16
-// calls them.
+// gemm_w4a16_warpk.cu's launcher (plan.warpk); launch_gemm_w4a16 calls it.
 int launch_gemm_w4a16_warpk(const W4A16Params& p, const W4A16Plan& plan, bool pdl, cudaStream_t stream);
-int launch_gemm_w4a16_rows(const W4A16Params& p, const W4A16Plan& plan, bool pdl, cudaStream_t stream);
 
 }  // namespace sm120

@@ -157,8 +157,7 @@ def test_gemm_shapes_all_m(K, name, n, k):
     in_s_dev = in_s.reshape(1).cuda()
     inv_dev = (1.0 / in_s).reshape(1).cuda()
     for m in MS:
-        kernels = ("split", "warpk") if m <= K.WARPK_MAX_M else ("split",)
-        for kernel in kernels + (("rows",) if K.rows_fit(m, k) else ()):
+        for kernel in ("split", "warpk") if m <= K.WARPK_MAX_M else ("split",):
             y = K.gemm_w4a16(x[:m], pw, kernel=kernel)
             _assert_close(y, ref16[:m], abs16[:m], f"{name} W4A16 ({kernel}) M={m}")
         xq, xs = K.quantize_nvfp4(x[:m], inv_dev, mma_order=True)
@@ -232,8 +231,7 @@ def test_split_k_is_deterministic_and_graph_capturable(K):
         assert torch.equal(y4_g, K.gemm_w4a4(*K.quantize_nvfp4(new, inv, mma_order=True), in_s, pw))
 
 
-PDL_CHAIN_CASES = [(1, "split"), (16, "split"), (64, "split"), (1, "warpk"), (16, "warpk"), (1, "rows"),
-                   (16, "rows")]
+PDL_CHAIN_CASES = [(1, "split"), (16, "split"), (64, "split"), (1, "warpk"), (16, "warpk")]
 
 
 @pytest.mark.parametrize("m,kernel", PDL_CHAIN_CASES, ids=[f"M{m}-{kn}" for m, kn in PDL_CHAIN_CASES])
@@ -244,7 +242,7 @@ def test_pdl_chain_in_a_graph_matches_plain_launches(K, m, kernel):
     n = k = 2048  # square: each output is the next input; splits > 1 at every m here
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     plan = K.w4a16_plan(m, n, k, sms, kernel=kernel)
-    assert plan["kernel"] == kernel and (kernel != "split" or plan["splits"] > 1), plan
+    assert plan["warpk"] if kernel == "warpk" else plan["splits"] > 1
     layers = []
     for i in range(6):
         q = _weight(n, k, 40 + i)
@@ -442,69 +440,13 @@ def test_warpk_edges_bias_determinism_and_graph(K, n, k):
         assert torch.equal(y_g, want)
 
 
-# The row-stream kernel: partial 128-row groups (N % 128), K tails inside a chunk (K % 64), one
-# chunk, an odd chunk count past the two register batches, the largest X block at M <= 8 / <= 16
-# (K 6144 / 3072: 96 KB of dynamic shared memory).
-ROWS_EDGE_CASES = [(48, 48), (272, 80), (640, 2048), (1040, 592), (384, 6144), (256, 3072)]
-
-
-@pytest.mark.parametrize("n,k", ROWS_EDGE_CASES, ids=[f"N{n}-K{k}" for n, k in ROWS_EDGE_CASES])
-def test_rows_kernel_edges_bits_of_split_and_graph(K, n, k):
-    """The row-stream kernel at every M it serves, 8 and 4 warps, with bias and an out buffer: close
-    to the exact reference, and the bits of the split-K kernel run unsplit (both sum every
-    accumulator's chunks in K order); PDL on and off and a captured PDL graph give the same bits."""
-    q = _weight(n, k, 17 * n + k)
-    pw = K.pack_weight(q["weight"], q["weight_scale"], q["weight_scale_2"])
-    wd = _exact_dequant(q["weight"], q["weight_scale"], q["weight_scale_2"])
-    bias = torch.randn(n, device="cuda").to(torch.bfloat16)
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
-    tiles = (n + 127) // 128
-    for m in range(1, 17):
-        if not K.rows_fit(m, k):
-            continue
-        x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
-        ref = x.float() @ wd.t() + bias.float()
-        split = K.gemm_w4a16(x, pw, bias=bias, kernel="split", split_target=tiles)
-        assert K.w4a16_plan(m, n, k, sms, kernel="split", split_target=tiles)["splits"] == 1
-        for warps in (8, 4):
-            plan = K.w4a16_plan(m, n, k, sms, kernel="rows", warps=warps)
-            assert plan["kernel"] == "rows" and plan["warps"] == warps and plan["workspace_bytes"] == 0, plan
-            out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
-            y = K.gemm_w4a16(x, pw, bias=bias, out=out, kernel="rows", warps=warps)
-            assert y.data_ptr() == out.data_ptr()
-            _assert_close(y, ref, x.float().abs() @ wd.abs().t() + bias.float().abs(), f"rows N={n} K={k} M={m}")
-            assert torch.equal(y, split), (m, warps)
-            assert torch.equal(K.gemm_w4a16(x, pw, bias=bias, kernel="rows", warps=warps, pdl=True), y), (m, warps)
-    x_static = torch.randn(3, k, device="cuda").to(torch.bfloat16)
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        want = K.gemm_w4a16(x_static, pw, kernel="rows").clone()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, stream=stream):
-        y_g = K.gemm_w4a16(x_static, pw, kernel="rows", pdl=True)
-    for _ in range(3):
-        graph.replay()
-        torch.cuda.synchronize()
-        assert torch.equal(y_g, want)
-
-
-@pytest.mark.parametrize("kernel", ["auto", "split", "warpk", "rows"])
-def test_nan_in_activations_stays_in_its_row(K, kernel):
+def test_nan_in_activations_stays_in_its_row(K):
     q = _weight(256, 512, 9)
     pw = K.pack_weight(q["weight"], q["weight_scale"], q["weight_scale_2"])
     x = torch.randn(8, 512, device="cuda").to(torch.bfloat16)
     x[2, 17] = float("nan")
-    y = K.gemm_w4a16(x, pw, kernel=kernel).float()
+    y = K.gemm_w4a16(x, pw).float()
     assert torch.isnan(y[2]).all() and torch.isfinite(y[[0, 1, 3, 4, 5, 6, 7]]).all()
-    # The row-stream kernel leaves the shared-memory rows of tokens past M unwritten: after a call
-    # that filled them with NaN, a 1-token call must still be finite and exact.
-    K.gemm_w4a16(torch.full((16, 512), float("nan"), device="cuda", dtype=torch.bfloat16), pw, kernel=kernel)
-    y1 = K.gemm_w4a16(x[:1], pw, kernel=kernel)
-    wd = _exact_dequant(q["weight"], q["weight_scale"], q["weight_scale_2"])
-    x1 = x[:1].float()
-    _assert_close(y1, x1 @ wd.t(), x1.abs() @ wd.abs().t(), f"{kernel} M=1 after a NaN call")
 
 
 # ----------------------------------------------------------------------------- bad input
@@ -528,8 +470,6 @@ def _bad_inputs(K):
         (lambda: K.gemm_w4a16(x, pw, kernel="fast"), ValueError, "kernel"),
         (lambda: K.gemm_w4a16(torch.randn(17, 256, device="cuda").to(torch.bfloat16), pw, kernel="warpk"),
          ValueError, "warpk"),
-        (lambda: K.gemm_w4a16(torch.randn(17, 256, device="cuda").to(torch.bfloat16), pw, kernel="rows"),
-         ValueError, "rows"),
         (lambda: K.quantize_nvfp4(torch.randn(4, 40, device="cuda").to(torch.bfloat16), gs), ValueError, "x"),
         (lambda: K.quantize_nvfp4(x, torch.tensor([1.0])), ValueError, "global_scale"),
         (lambda: K.quantize_nvfp4(x, torch.ones(2, device="cuda")), ValueError, "global_scale"),

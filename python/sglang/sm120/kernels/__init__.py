@@ -12,11 +12,11 @@ docs/kernels.md. `available()` says whether it loads here.
 from ._lib import available, build_archs, library_path, load
 from .layout import PackedWeight, pack_weight, unpack_weight, p_order_packed
 from .ops import (KERNEL_DEFAULT, WARPK_MAX_M, WARPS_DEFAULT, gemm_w4a4, gemm_w4a16, packed_scale_shape,
-                  quantize_nvfp4, rows_fit, w4a16_plan, w4a16_warps, workspace)
+                  quantize_nvfp4, w4a16_plan, w4a16_warps, workspace)
 
 __all__ = [
     "available", "build_archs", "library_path", "load",
     "PackedWeight", "pack_weight", "unpack_weight", "p_order_packed",
     "gemm_w4a4", "gemm_w4a16", "quantize_nvfp4", "w4a16_plan", "workspace", "packed_scale_shape",
-    "WARPS_DEFAULT", "w4a16_warps", "KERNEL_DEFAULT", "WARPK_MAX_M", "rows_fit",
+    "WARPS_DEFAULT", "w4a16_warps", "KERNEL_DEFAULT", "WARPK_MAX_M",
 ]

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Optional
 
 LIBRARY_NAME = "libsm120_kernels.so"
-ABI_VERSION = 9
+ABI_VERSION = 8
 
 _lock = threading.Lock()
 _lib: Optional[ctypes.CDLL] = None

@@ -33,21 +33,11 @@ PDL_DEFAULT = os.environ.get("SGLANG_SM120_PDL", "1") not in ("", "0")
 CLUSTER_DEFAULT = os.environ.get("SGLANG_SM120_W4A16_CLUSTER", "0") not in ("", "0")
 _FLAG_PDL, _FLAG_CLUSTER, _FLAG_EIGHT_WARPS = 1, 2, 4  # kW4A16Pdl, ...ClusterReduce, ...EightWarps (kernels.h)
 _FLAG_WARPK, _FLAG_SPLITK, _FLAG_AUTO_WARPS = 8, 16, 32  # kW4A16WarpK, kW4A16SplitK, kW4A16AutoWarps
-_FLAG_ROWS = 64  # kW4A16Rows
 _W4A16_WARPS = (4, 8)
 # Which W4A16 kernel runs: "warpk" (one CTA per 16-row tile, K split over its 8 warps; M <= 16),
-# "split" (128-row CTAs, split-K across CTAs), "rows" (128-row CTAs, each warp streams all of K of
-# its tiles, X whole in shared memory; M <= 16, rows_fit) or "auto" (csrc's default_w4a16_warpk,
-# then default_w4a16_rows rule).
-_W4A16_KERNEL_FLAGS = {"auto": 0, "warpk": _FLAG_WARPK, "split": _FLAG_SPLITK, "rows": _FLAG_ROWS}
+# "split" (128-row CTAs, split-K across CTAs) or "auto" (csrc's default_w4a16_warpk rule).
+_W4A16_KERNEL_FLAGS = {"auto": 0, "warpk": _FLAG_WARPK, "split": _FLAG_SPLITK}
 WARPK_MAX_M = 16  # kW4A16WarpKMaxM
-ROWS_MAX_X_BYTES = 96 << 10  # kW4A16RowsMaxXBytes
-
-
-def rows_fit(m: int, k: int) -> bool:
-    """Whether the row-stream kernel serves M = m, K = k: M <= 16 and the X block (8 token rows at
-    M <= 8, else 16, times K padded to 64) within ROWS_MAX_X_BYTES of shared memory (w4a16_rows_fits)."""
-    return 1 <= m <= 16 and (1 if m <= 8 else 2) * -(-k // 64) * 1024 <= ROWS_MAX_X_BYTES
 
 
 def _kernel(value, name: str) -> str:
@@ -259,12 +249,10 @@ def gemm_w4a16(x: torch.Tensor, weight: PackedWeight, *, bias: Optional[torch.Te
     warps: 4 or 8 per 128-row CTA of the split-K kernel (None: $SGLANG_SM120_W4A16_WARPS, default
     auto: the plan picks, w4a16_warps);
     the same bits.
-    kernel: "auto", "split", "warpk" or "rows" (None: $SGLANG_SM120_W4A16_KERNEL, default auto).
-    "warpk" (M <= 16) runs one CTA per 16-row weight tile with K split over its warps: no split-K
-    hand-off, different summation order (within the same tolerance, not the same bits). "rows"
-    (rows_fit(M, K)) runs 128-row CTAs whose warps each stream all of K (X whole in shared memory):
-    the bits of the split-K kernel unsplit. With "auto", a nonzero split_target selects the split-K
-    kernel.
+    kernel: "auto", "split" or "warpk" (None: $SGLANG_SM120_W4A16_KERNEL, default auto). "warpk"
+    (M <= 16) runs one CTA per 16-row weight tile with K split over its warps: no split-K
+    hand-off, different summation order (within the same tolerance, not the same bits). With
+    "auto", a nonzero split_target selects the split-K kernel.
     """
     if warps is not None:
         _warps(warps, "warps")  # a bad count is refused before the tensors are looked at
@@ -280,9 +268,6 @@ def gemm_w4a16(x: torch.Tensor, weight: PackedWeight, *, bias: Optional[torch.Te
         raise ValueError("x: M must be > 0")
     if kernel == "warpk" and m > WARPK_MAX_M:
         raise ValueError(f"kernel='warpk' serves M <= {WARPK_MAX_M}, x has M = {m}")
-    if kernel == "rows" and not rows_fit(m, k):
-        raise ValueError(f"kernel='rows' serves M <= 16 with X's 8 or 16 token rows x K in {ROWS_MAX_X_BYTES} bytes "
-                         f"of shared memory, x has M = {m}, K = {k}")
     _aligned("x", x)
     bias = _check_bias(bias, weight.n, dev)
     y = _out("out", out, (m, weight.n), _BF16, dev)
@@ -304,8 +289,6 @@ def _launch_w4a16(x, weight: PackedWeight, bias, y, workspace_buf, split_target:
         kernel = KERNEL_DEFAULT
         if kernel == "warpk" and x.shape[0] > WARPK_MAX_M:
             kernel = "split"  # SGLANG_SM120_W4A16_KERNEL=warpk covers the calls it can serve
-        elif kernel == "rows" and not rows_fit(x.shape[0], weight.k):
-            kernel = "auto"  # and =rows the calls that one can serve
     flags = ((_FLAG_PDL if pdl else 0) | (_FLAG_CLUSTER if cluster else 0) | _warps_flag(warps)
              | _W4A16_KERNEL_FLAGS[kernel])
     rc = _lib.load().sm120_gemm_w4a16(dev.index, _ptr(x), _ptr(weight.qweight), _ptr(weight.scales),
@@ -404,12 +387,12 @@ def w4a16_plan(m: int, n: int, k: int, sm_count: int, workspace_bytes: int = _WO
     ticket_region_bytes for every plan; partial slot (tile, split) starts at
     partial_offset + (tile * splits + split) * partial_tile_bytes. cluster: as gemm_w4a16's;
     "cluster" in the result says whether this plan reduces in a cluster (then it uses no
-    workspace). kernel: as gemm_w4a16's; "kernel" in the result says which kernel the plan runs
-    ("warpk": n_ctas counts 16-row tiles, splits the CTAs of a cluster per tile and warpk_warps the
-    warps per CTA; "rows" / "split": "warps" is the warps per 128-row CTA (warps: as gemm_w4a16's))."""
+    workspace). kernel: as gemm_w4a16's; "warpk" in the result says which kernel the plan runs
+    (then n_ctas counts 16-row tiles, splits the CTAs of a cluster per tile and warpk_warps the
+    warps per CTA); otherwise "warps" is the split-K kernel's warps per CTA (warps: as gemm_w4a16's)."""
     lib = _lib.load()
     flags = (_FLAG_CLUSTER if cluster else 0) | _W4A16_KERNEL_FLAGS[_kernel(kernel, "kernel")] | _warps_flag(warps)
-    out = (ctypes.c_int * 10)()
+    out = (ctypes.c_int * 9)()
     need = ctypes.c_size_t(0)
     _lib.check(lib.sm120_w4a16_plan(m, n, k, sm_count, workspace_bytes, split_target, flags, out,
                                     ctypes.byref(need)), "w4a16_plan")
@@ -418,7 +401,6 @@ def w4a16_plan(m: int, n: int, k: int, sm_count: int, workspace_bytes: int = _WO
                "w4a16_workspace_layout")
     return {"m_tiles": out[0], "m_blocks": out[1], "n_ctas": out[2], "splits": out[3],
             "chunks_per_split": out[4], "cluster": bool(out[5]), "split_target": out[6], "warpk": bool(out[7]),
-            "warpk_warps": out[7], "warps": out[8], "rows": bool(out[9]),
-            "kernel": "warpk" if out[7] else "rows" if out[9] else "split",
+            "warpk_warps": out[7], "warps": out[8],
             "workspace_bytes": need.value,
             "ticket_region_bytes": lay[0], "partial_offset": lay[1], "partial_tile_bytes": lay[2]}
