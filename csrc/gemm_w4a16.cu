@@ -21,7 +21,6 @@
 //     workspace; the same summation order, so both give the same bits.
 //   * static shared memory <= 47 KB for every M tile (checked by test_kernel_build.py).
 // Values: e2m1 * scale * 2^-8 is exact in bf16; alpha = weight_scale_2 * 2^8 is applied in fp32.
-#include <cstdlib>
 #include <type_traits>
 
 #include "w4a16.cuh"
@@ -29,14 +28,7 @@
 namespace sm120 {
 namespace {
 
-// The deep pipeline (one CTA per SM, M <= 16): its buffers in dynamic shared memory, under
-// SM120's 99 KB per CTA with the static bytes beside them.
-constexpr int kW4A16DeepSmemBytes = 95 * 1024;
-// Stages the deep pipeline requests before its loop: as many as the 46 KB pipeline (so its first
-// stage arrives as early), then two per iteration until its buffers are all in flight.
-constexpr int kW4A16DeepPrologue = 3;
-
-template <int M_TILES, int WARPS, bool DEEP = false>
+template <int M_TILES, int WARPS>
 struct W4A16Traits {
   static_assert(WARPS == 4 || WARPS == 8, "4 or 8 warps per 128-row CTA");
   static constexpr int kWarps = WARPS;
@@ -51,11 +43,8 @@ struct W4A16Traits {
   static constexpr int kXRowBytes = kChunksPerStage * kChunkK * 2;
   static constexpr int kXBytes = kTokens * kXRowBytes;
   static constexpr int kStageBytes = kWBytes + kSBytes + kXBytes;
-  static_assert(!DEEP || M_TILES <= 2, "the deep pipeline serves M <= 16");
-  static constexpr int kStagesRaw = (DEEP ? kW4A16DeepSmemBytes : 46 * 1024) / kStageBytes;
+  static constexpr int kStagesRaw = (46 * 1024) / kStageBytes;
   static constexpr int kStages = kStagesRaw > 8 ? 8 : kStagesRaw;
-  static constexpr int kSmemBytes = kStages * kStageBytes;
-  static constexpr int kPrologue = DEEP ? kW4A16DeepPrologue : kStages - 1;
   static constexpr int kWItems = 8 * kChunksPerStage * 32 / kThreads;        // 16-B copies a thread
   static constexpr int kXUnits = kTokens * kChunksPerStage * 8;  // 16-B copies of X per stage
   static constexpr int kXItems = (kXUnits + kThreads - 1) / kThreads;
@@ -68,13 +57,11 @@ struct W4A16Traits {
 
 enum : int { kLoadWeights = 1, kLoadX = 2 };  // what a pipeline stage load issues
 
-template <int M_TILES, int WARPS, bool DEEP>
+template <int M_TILES, int WARPS>
 __global__ void __launch_bounds__(32 * WARPS) gemm_w4a16_kernel(const W4A16Params p) {
-  using T = W4A16Traits<M_TILES, WARPS, DEEP>;
+  using T = W4A16Traits<M_TILES, WARPS>;
   constexpr int CPS = T::kChunksPerStage;
-  __shared__ __align__(128) uint8_t smem_static[DEEP ? 16 : T::kSmemBytes];
-  extern __shared__ __align__(128) uint8_t smem_dynamic[];
-  uint8_t* const smem = DEEP ? smem_dynamic : smem_static;
+  __shared__ __align__(128) uint8_t smem[T::kStages * T::kStageBytes];
   __shared__ int s_is_last;
 
   SM120_W4A16_STAMP(0);
@@ -197,14 +184,14 @@ __global__ void __launch_bounds__(32 * WARPS) gemm_w4a16_kernel(const W4A16Param
   using LoadAll = std::integral_constant<int, kLoadWeights | kLoadX>;
   const uint32_t smem_s = smem_addr(smem);
 #pragma unroll
-  for (int s = 0; s < T::kPrologue; ++s)
+  for (int s = 0; s < T::kStages - 1; ++s)
     if (s < n_stages) load_stage(s, smem_s + s * T::kStageBytes, LoadWeights{});
   // Needed only by the store, but requested now: issued after the loop, its DRAM latency was the
   // last thing each CTA waited for (2-3% of a glm5 q_b TP 1 call's stall samples, session 15).
   const float alpha = w4a16_alpha(p);
   pdl_wait();
 #pragma unroll
-  for (int s = 0; s < T::kPrologue; ++s) {
+  for (int s = 0; s < T::kStages - 1; ++s) {
     if (s < n_stages) load_stage(s, smem_s + s * T::kStageBytes, LoadX{});
     cp_async_commit();
   }
@@ -212,27 +199,6 @@ __global__ void __launch_bounds__(32 * WARPS) gemm_w4a16_kernel(const W4A16Param
   constexpr int kLastBuf = (T::kStages - 1) * T::kStageBytes;
   const uint8_t* rd = smem;
   uint32_t wr = smem_s + kLastBuf;
-  if constexpr (DEEP) {
-    // One commit group per issued stage (the prologue's: group s completes stage s), so stage `it`
-    // is in once at most issued - it - 1 groups are pending.
-    wr = smem_s + T::kPrologue * T::kStageBytes;
-    int issued = T::kPrologue < n_stages ? T::kPrologue : n_stages;
-    for (int it = 0; it < n_stages; ++it) {
-      cp_async_wait_dyn(issued - it - 1);
-      __syncthreads();
-      if (it == 0) SM120_W4A16_STAMP(1);
-      // buffers of stages < it are free; ramp two stages per iteration up to all buffers in flight
-      const int target = min(n_stages, min(it + T::kStages, T::kPrologue + 2 * (it + 1)));
-#pragma unroll 1
-      for (; issued < target; ++issued) {
-        load_stage(issued, wr, LoadAll{});
-        cp_async_commit();
-        wr = wr == smem_s + kLastBuf ? smem_s : wr + T::kStageBytes;
-      }
-      compute(rd);
-      rd = rd == smem + kLastBuf ? smem : rd + T::kStageBytes;
-    }
-  } else
   for (int it = 0; it < n_stages; ++it) {
     cp_async_wait<T::kStages - 2>();
     __syncthreads();
@@ -274,7 +240,7 @@ __global__ void __launch_bounds__(32 * WARPS) gemm_w4a16_kernel(const W4A16Param
 #pragma unroll
         for (int e = 0; e < 4; ++e) sum[i][mt][e] = acc[i][mt][e];
   } else if (p.cluster_reduce) {
-    static_assert(T::kTileElems * sizeof(float) <= T::kSmemBytes, "partial tile must fit the pipeline buffers");
+    static_assert(T::kTileElems * sizeof(float) <= sizeof(smem), "partial tile must fit the pipeline buffers");
     float* part_s = reinterpret_cast<float*>(smem);
     __syncthreads();  // every warp is done reading the pipeline buffers
 #pragma unroll
@@ -357,27 +323,15 @@ constexpr bool tile_sizes_match() {
 }
 static_assert(tile_sizes_match<4>() && tile_sizes_match<8>(), "W4A16 partial tile size");
 
-template <int M_TILES, int W>
-cudaError_t launch_w4a16_deep(dim3 grid, cudaStream_t stream, bool pdl, unsigned cluster_y, const W4A16Params& p) {
-  constexpr int kBytes = W4A16Traits<M_TILES, W, true>::kSmemBytes;
-  const cudaError_t err = cudaFuncSetAttribute(gemm_w4a16_kernel<M_TILES, W, true>,
-                                               cudaFuncAttributeMaxDynamicSharedMemorySize, kBytes);
-  if (err != cudaSuccess) return err;
-  return launch_kernel_smem(gemm_w4a16_kernel<M_TILES, W, true>, grid, dim3(32 * W), kBytes, stream, pdl,
-                            cluster_y, p);
-}
-
 template <int W>
-cudaError_t launch_w4a16_warps(int m_tiles, bool deep, dim3 grid, cudaStream_t stream, bool pdl, unsigned cluster_y,
+cudaError_t launch_w4a16_warps(int m_tiles, dim3 grid, cudaStream_t stream, bool pdl, unsigned cluster_y,
                                const W4A16Params& p) {
   const dim3 block(32 * W);
-  if (deep) return m_tiles == 1 ? launch_w4a16_deep<1, W>(grid, stream, pdl, cluster_y, p)
-                                : launch_w4a16_deep<2, W>(grid, stream, pdl, cluster_y, p);
   switch (m_tiles) {
-    case 1: return launch_kernel(gemm_w4a16_kernel<1, W, false>, grid, block, stream, pdl, cluster_y, p);
-    case 2: return launch_kernel(gemm_w4a16_kernel<2, W, false>, grid, block, stream, pdl, cluster_y, p);
-    case 4: return launch_kernel(gemm_w4a16_kernel<4, W, false>, grid, block, stream, pdl, cluster_y, p);
-    default: return launch_kernel(gemm_w4a16_kernel<8, W, false>, grid, block, stream, pdl, cluster_y, p);
+    case 1: return launch_kernel(gemm_w4a16_kernel<1, W>, grid, block, stream, pdl, cluster_y, p);
+    case 2: return launch_kernel(gemm_w4a16_kernel<2, W>, grid, block, stream, pdl, cluster_y, p);
+    case 4: return launch_kernel(gemm_w4a16_kernel<4, W>, grid, block, stream, pdl, cluster_y, p);
+    default: return launch_kernel(gemm_w4a16_kernel<8, W>, grid, block, stream, pdl, cluster_y, p);
   }
 }
 
@@ -512,11 +466,8 @@ int launch_gemm_w4a16(const void* x, const void* qweight, const void* scales,
   }
   const dim3 grid(plan.n_ctas, plan.splits, plan.m_blocks);
   const unsigned cluster_y = plan.cluster ? (unsigned)plan.splits : 1u;
-  // EXPERIMENT: the deep pipeline wherever the grid is one wave at M <= 16 (SGLANG_SM120_DEEP unset or 1)
-  static const bool deep_on = getenv("SGLANG_SM120_DEEP") == nullptr || getenv("SGLANG_SM120_DEEP")[0] == '1';
-  const bool deep = deep_on && plan.m_tiles <= 2 && (int64_t)plan.n_ctas * plan.splits * plan.m_blocks <= 132;
-  const cudaError_t err = plan.eight_warps ? launch_w4a16_warps<8>(plan.m_tiles, deep, grid, stream, pdl, cluster_y, p)
-                                      : launch_w4a16_warps<4>(plan.m_tiles, deep, grid, stream, pdl, cluster_y, p);
+  const cudaError_t err = plan.eight_warps ? launch_w4a16_warps<8>(plan.m_tiles, grid, stream, pdl, cluster_y, p)
+                                      : launch_w4a16_warps<4>(plan.m_tiles, grid, stream, pdl, cluster_y, p);
   if (err != cudaSuccess) {
     (void)cudaGetLastError();  // the same error is pending there: do not report it twice
     return set_error(kLaunchFailed, "gemm_w4a16: launch failed (pdl=%d, cluster=%u, warps=%d): %s", pdl ? 1 : 0,

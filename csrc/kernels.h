@@ -25,8 +25,8 @@ int device_info(int device, DeviceInfo* out);
 // before reading anything an earlier kernel writes). Captured into CUDA graphs as a programmatic
 // edge. cluster_y > 1 groups each run of cluster_y CTAs along y into one thread-block cluster.
 template <typename... Params, typename... Args>
-cudaError_t launch_kernel_smem(void (*kernel)(Params...), dim3 grid, dim3 block, size_t dynamic_smem,
-                               cudaStream_t stream, bool pdl, unsigned cluster_y, Args&&... args) {
+cudaError_t launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, cudaStream_t stream,
+                          bool pdl, unsigned cluster_y, Args&&... args) {
   cudaLaunchAttribute attrs[2];
   unsigned n = 0;
   if (pdl) {
@@ -44,16 +44,11 @@ cudaError_t launch_kernel_smem(void (*kernel)(Params...), dim3 grid, dim3 block,
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = grid;
   cfg.blockDim = block;
-  cfg.dynamicSmemBytes = dynamic_smem;
+  cfg.dynamicSmemBytes = 0;
   cfg.stream = stream;
   cfg.attrs = attrs;
   cfg.numAttrs = n;
   return cudaLaunchKernelEx(&cfg, kernel, static_cast<Args&&>(args)...);
-}
-template <typename... Params, typename... Args>
-cudaError_t launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, cudaStream_t stream,
-                          bool pdl, unsigned cluster_y, Args&&... args) {
-  return launch_kernel_smem(kernel, grid, block, 0, stream, pdl, cluster_y, static_cast<Args&&>(args)...);
 }
 
 int launch_quantize_nvfp4(const void* x, const float* global_scale, void* packed, void* scales,
