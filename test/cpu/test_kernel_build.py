@@ -118,6 +118,9 @@ def test_w4a16_prefetches_weights_before_the_pdl_wait_and_has_no_sc_fence(built,
             assert body.count("ACQBULK") == 1 and body.count("PREEXIT") == 1, (arch, name)
             before_wait = body.split("ACQBULK", 1)[0]
             assert before_wait.count("LDGSTS") >= 4, (arch, name)  # the first stages' weights
+            # every copy asks L2 for 256-byte fills (session 16)
+            assert before_wait.count("LDGSTS.E.BYPASS.LTC256B.128") >= 4 and "LDGSTS.E.BYPASS.128" not in body, (
+                arch, name)
             assert "MEMBAR.SC" not in body, (arch, name)
             assert re.search(r"ATOMG\.E\.ADD\S*\.STRONG\.GPU", body), (arch, name)
             assert body.count("UCGABAR_ARV") == 2 and body.count("UCGABAR_WAIT") == 2, (arch, name)
@@ -135,7 +138,7 @@ def test_warpk_kernel_sass_waits_triggers_clusters_and_stores_once(built, cuobjd
     launch_dependents (PREEXIT); the cluster sum pushes each peer's sums into rank 0 with one DSMEM
     store (ST.E to the cluster window, no remote load) behind two barrier phases (arrives: at entry,
     then one per rank branch; waits: before the store, and rank 0's); weights and scales streamed
-    with L1 no-allocate loads (the PDL instantiation prefetches the first batch to L2 before the
+    with L1 no-allocate loads and 256-byte L2 fills (the PDL instantiation prefetches the first batch to L2 before the
     wait), X read at L2 (.cg), one output store (one bias load), no timeline stamps and no cp.async."""
     _, out, _ = built
     for arch in ("sm_90a", "sm_120a"):
@@ -151,10 +154,12 @@ def test_warpk_kernel_sass_waits_triggers_clusters_and_stores_once(built, cuobjd
             # one prefetches nothing
             before_wait = body.split("ACQBULK", 1)[0]
             if name.endswith("ELb1EEEvNS_11W4A16ParamsE"):
-                assert "CCTL.E.PF2" in before_wait and "LDG.E.NA.128.CONSTANT" in before_wait, (arch, name)
+                assert "CCTL.E.PF2" in before_wait and "LDG.E.NA.LTC256B.128.CONSTANT" in before_wait, (arch, name)
             else:
                 assert name.endswith("ELb0EEEvNS_11W4A16ParamsE") and "CCTL.E.PF2" not in body, (arch, name)
-            assert "LDG.E.NA.128.CONSTANT" in body and "LDG.E.NA.64.CONSTANT" in body, (arch, name)
+            # 256-byte L2 fills (session 16)
+            assert "LDG.E.NA.LTC256B.128.CONSTANT" in body and "LDG.E.NA.LTC256B.64.CONSTANT" in body, (arch, name)
+            assert "LDG.E.NA.128.CONSTANT" not in body, (arch, name)
             assert "LDG.E.128.STRONG.GPU" in body, (arch, name)  # ld.global.cg of X
             assert body.count("LDG.E.U16") == 1 and body.count("STG.E.U16") == 1, (arch, name)
             assert "LDGSTS" not in body and "GLOBALTIMER" not in body, (arch, name)
