@@ -12,7 +12,7 @@
 //     each warp's instruction stream is half as long; every accumulator sees the same MMAs in the
 //     same order, so both give the same bits); stages of 128 K (M <= 16) or 64 K (M <= 64) with
 //     3-4 buffers.
-//   * multi-stage cp.async pipeline (no L2 cache hints: see cp_async16 in common.cuh).
+//   * multi-stage cp.async pipeline (256-byte L2 fills, no L2 cache hints: see cp_async16 in common.cuh).
 //   * split-K over gridDim.y so the grid covers >= 2 CTAs per SM; partial tiles go to a workspace
 //     and the last CTA of a tile (atomic ticket) reduces them in a fixed order (deterministic) and
 //     resets its ticket, so no memset is needed and CUDA graphs capture the single launch.
