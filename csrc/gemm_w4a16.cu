@@ -21,7 +21,6 @@
 //     workspace; the same summation order, so both give the same bits.
 //   * static shared memory <= 47 KB for every M tile (checked by test_kernel_build.py).
 // Values: e2m1 * scale * 2^-8 is exact in bf16; alpha = weight_scale_2 * 2^8 is applied in fp32.
-#include <cstdlib>
 #include <type_traits>
 
 #include "w4a16.cuh"
@@ -376,11 +375,7 @@ W4A16Plan plan_w4a16(int M, int N, int K, int sm_count, size_t workspace_bytes, 
     // hand off.
     plan.warpk = true;
     plan.n_ctas = round_up(N, kGroupRows) / kTileRows;
-    // EXPERIMENT: SGLANG_SM120_WARPK_TPW=2 pairs the tiles of a CTA from M >= SGLANG_SM120_WARPK_TPW_MIN_M
-    static const int tpw_env = getenv("SGLANG_SM120_WARPK_TPW") ? atoi(getenv("SGLANG_SM120_WARPK_TPW")) : 1;
-    static const int tpw_min_m = getenv("SGLANG_SM120_WARPK_TPW_MIN_M") ? atoi(getenv("SGLANG_SM120_WARPK_TPW_MIN_M")) : 1;
-    plan.warpk_tpw = (tpw_env == 2 && M >= tpw_min_m && plan.n_ctas % 2 == 0) ? 2 : 1;
-    const int64_t tiles = (int64_t)plan.n_ctas / plan.warpk_tpw * plan.m_blocks;
+    const int64_t tiles = (int64_t)plan.n_ctas * plan.m_blocks;
     // Few tiles and a long K (more than one load batch per warp at 16 warps): split each tile's K
     // over a cluster of CTAs, up to one CTA per SM.
     constexpr int kMaxSplits = kW4A16WarpKMaxClusterWarps / 8;

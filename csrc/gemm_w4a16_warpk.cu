@@ -56,29 +56,29 @@ __device__ __forceinline__ uint4 ldg_l2_128(const void* p) {
 constexpr int kWarpKBatch = 4;
 
 // PDL: the instantiation for programmatic dependent launches (it prefetches its first batch).
-// TPW: 16-row tiles per CTA (each warp computes its K slice of all of them from one X load).
-template <int M_TILES, int WARPS, bool PDL, int TPW>
+template <int M_TILES, int WARPS, bool PDL>
 __global__ void __launch_bounds__(32 * WARPS) gemm_w4a16_warpk_kernel(const W4A16Params p) {
-  constexpr int kE = TPW * M_TILES * 4;  // accumulator elements per lane
-  constexpr int kBatch = (TPW == 2 && WARPS == 16) ? 2 : kWarpKBatch;
-  __shared__ float part[WARPS][kE][32];
-  __shared__ float peer[kW4A16WarpKMaxClusterWarps / 8 - 1][kE][32];
+  __shared__ float part[WARPS][M_TILES * 4][32];
+  // Cluster plans: the other ranks' sums, written into rank 0's copy (peer[rank - 1]).
+  __shared__ float peer[kW4A16WarpKMaxClusterWarps / 8 - 1][M_TILES * 4][32];
   SM120_W4A16_STAMP(0);
+  // Phase 1 of the cluster barrier: "this CTA has started" (so its shared memory exists before a
+  // peer writes into it); waited for only after the loads, by when every CTA has long arrived.
   if (p.splits > 1) cluster_arrive_relaxed();
   const int tid = threadIdx.x;
   const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
-  const int tile0 = blockIdx.x * TPW;
-  const int group = tile0 >> 3, rt0 = tile0 & 7;
+  const int tile = blockIdx.x;  // 16-row tile of the packed weight: group tile / 8, row tile tile % 8
+  const int group = tile >> 3, rt = tile & 7;
   const int tok0 = blockIdx.z * 8 * M_TILES;
+  // This CTA's K slice (split blockIdx.y of a cluster, or all of K), then this warp's part of it.
   const int c_cta = blockIdx.y * p.chunks_per_split;
   const int c_cta_end = min(c_cta + p.chunks_per_split, p.n_chunks);
   const int per_warp = ceil_div(p.chunks_per_split, WARPS);
   const int c_begin = min(c_cta + warp * per_warp, c_cta_end);
   const int c_end = min(c_begin + per_warp, c_cta_end);
 
-  const uint8_t* w_src = p.qweight + (int64_t)tile0 * p.n_chunks * 512 + lane * 16;
-  const int64_t w_tile = (int64_t)p.n_chunks * 512;
-  const uint8_t* s_src = p.scales + (int64_t)group * p.n_chunks * 512 + rt0 * 64 + w4a16_scale_offset(g);
+  const uint8_t* w_src = p.qweight + (int64_t)tile * p.n_chunks * 512 + lane * 16;
+  const uint8_t* s_src = p.scales + (int64_t)group * p.n_chunks * 512 + rt * 64 + w4a16_scale_offset(g);
   const __nv_bfloat16* x_src[M_TILES];
   bool x_ok[M_TILES];
 #pragma unroll
@@ -88,124 +88,110 @@ __global__ void __launch_bounds__(32 * WARPS) gemm_w4a16_warpk_kernel(const W4A1
     x_src[mt] = p.x + (int64_t)(x_ok[mt] ? tok : 0) * p.K + 8 * t;
   }
   const uint32_t scale_sel = w4a16_scale_select(t);
+  // Needed only by the store; the plain instantiation requests it now, so its latency is not the
+  // call's last wait (0.96-0.97x the time on warp-K rows, H200 session 15). Under PDL the call's
+  // start overlaps the previous one anyway and the early load measured 1.02-1.04x: load it late.
   const float alpha_early = PDL ? 0.0f : w4a16_alpha(p);
 
-  uint4 wq[kBatch][TPW];
-  uint2 sc[kBatch][TPW];
+  uint4 wq[kWarpKBatch];
+  uint2 sc[kWarpKBatch];
   auto load_weights = [&](int c0) {
 #pragma unroll
-    for (int u = 0; u < kBatch; ++u)
-      if (c0 + u < c_end)
-#pragma unroll
-        for (int i = 0; i < TPW; ++i) {
-          wq[u][i] = ldg_stream128(w_src + i * w_tile + (int64_t)(c0 + u) * 512);
-          sc[u][i] = ldg_stream64(s_src + i * 64 + (int64_t)(c0 + u) * 512);
-        }
+    for (int u = 0; u < kWarpKBatch; ++u)
+      if (c0 + u < c_end) {
+        wq[u] = ldg_stream128(w_src + (int64_t)(c0 + u) * 512);
+        sc[u] = ldg_stream64(s_src + (int64_t)(c0 + u) * 512);
+      }
   };
 
-  float acc[TPW][M_TILES][4] = {};
+  float acc[M_TILES][4] = {};
+  // Every warp waits, even one without chunks, before anything reads X or writes Y. ptxas 13.0
+  // puts the wait (ACQBULK) ahead of the first batch's loads in the plain instantiation, so under
+  // PDL those loads would not overlap the previous kernel's tail (the split-K kernel's cp.async
+  // copies do). The PDL instantiation prefetches the batch to L2 first, one prefetch per 128-byte
+  // line of the weight chunks (lanes 0, 8, 16, 24) and one for the tile's 64 scale bytes (lane 0);
+  // the prefetches and the batch's loads then stay ahead of the wait (SASS, checked by
+  // test_kernel_build.py). H200, session 14: 0.84-0.86x the PDL time on warp-K rows, but 1.04x
+  // the plain time, hence two instantiations.
   if constexpr (PDL) {
 #pragma unroll
-    for (int u = 0; u < kBatch; ++u)
-      if (c_begin + u < c_end && (lane & 7) == 0)
-#pragma unroll
-        for (int i = 0; i < TPW; ++i) {
-          prefetch_l2(w_src + i * w_tile + (int64_t)(c_begin + u) * 512);
-          if (lane == 0) prefetch_l2(s_src + i * 64 + (int64_t)(c_begin + u) * 512);
-        }
+    for (int u = 0; u < kWarpKBatch; ++u)
+      if (c_begin + u < c_end && (lane & 7) == 0) {
+        prefetch_l2(w_src + (int64_t)(c_begin + u) * 512);
+        if (lane == 0) prefetch_l2(s_src + (int64_t)(c_begin + u) * 512);
+      }
   }
   load_weights(c_begin);
   pdl_wait();
-  for (int c0 = c_begin; c0 < c_end; c0 += kBatch) {
+  for (int c0 = c_begin; c0 < c_end; c0 += kWarpKBatch) {
     if (c0 != c_begin) load_weights(c0);
-    uint4 xl[kBatch][M_TILES], xh[kBatch][M_TILES];
+    uint4 xl[kWarpKBatch][M_TILES], xh[kWarpKBatch][M_TILES];
 #pragma unroll
-    for (int u = 0; u < kBatch; ++u)
+    for (int u = 0; u < kWarpKBatch; ++u)
 #pragma unroll
       for (int mt = 0; mt < M_TILES; ++mt) {
-        const int k = (c0 + u) * kChunkK + 8 * t;
+        const int k = (c0 + u) * kChunkK + 8 * t;  // xl at k, xh at k + 32 (16-byte units: K % 8 == 0)
         const bool in = x_ok[mt] && c0 + u < c_end;
         xl[u][mt] = in && k < p.K ? ldg_l2_128(x_src[mt] + (c0 + u) * kChunkK) : make_uint4(0, 0, 0, 0);
         xh[u][mt] = in && k + 32 < p.K ? ldg_l2_128(x_src[mt] + (c0 + u) * kChunkK + 32) : make_uint4(0, 0, 0, 0);
       }
 #pragma unroll
-    for (int u = 0; u < kBatch; ++u)
-      if (c0 + u < c_end)
-#pragma unroll
-        for (int i = 0; i < TPW; ++i) w4a16_chunk_mma<M_TILES>(acc[i], wq[u][i], sc[u][i], scale_sel, xl[u], xh[u]);
-    if (c0 == c_begin) SM120_W4A16_STAMP(1);
+    for (int u = 0; u < kWarpKBatch; ++u)
+      if (c0 + u < c_end) w4a16_chunk_mma<M_TILES>(acc, wq[u], sc[u], scale_sel, xl[u], xh[u]);
+    if (c0 == c_begin) SM120_W4A16_STAMP(1);  // warp 0's first batch arrived and computed
   }
   SM120_W4A16_STAMP(2);
+  // Every load of this grid is issued; the next grid may start prefetching its own weights.
   pdl_launch_dependents();
 
 #pragma unroll
-  for (int i = 0; i < TPW; ++i)
+  for (int mt = 0; mt < M_TILES; ++mt)
 #pragma unroll
-    for (int mt = 0; mt < M_TILES; ++mt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) part[warp][(i * M_TILES + mt) * 4 + e][lane] = acc[i][mt][e];
+    for (int e = 0; e < 4; ++e) part[warp][mt * 4 + e][lane] = acc[mt][e];
   __syncthreads();
-  // Warp q sums elements q, q + WARPS, ... over the warps, in warp order.
-  constexpr int kPer = (kE + WARPS - 1) / WARPS;
-  float v[kPer];
+  // Warp q sums accumulator element q (M tile q / 4, element q % 4) over the warps, in warp order.
+  const int q = warp;
+  const bool summer = q < M_TILES * 4;
+  float v = 0.0f;
+  if (summer) {
+    v = part[0][q][lane];
 #pragma unroll
-  for (int j = 0; j < kPer; ++j) {
-    const int q = warp + j * WARPS;
-    v[j] = 0.0f;
-    if (q < kE) {
-      v[j] = part[0][q][lane];
-#pragma unroll
-      for (int w = 1; w < WARPS; ++w) v[j] += part[w][q][lane];
-    }
+    for (int w = 1; w < WARPS; ++w) v += part[w][q][lane];
   }
   if (p.splits > 1) {
-    cluster_wait();
+    // The K splits of this tile form one cluster (1, splits, 1): rank r = blockIdx.y. Ranks r > 0
+    // store their sums into rank 0's peer[r - 1] (DSMEM), arrive (release) and leave; rank 0 waits
+    // for them (acquire) and adds them in rank order. One barrier phase after the loads, not two
+    // full cluster syncs: no CTA waits for rank 0's reads, and no shared memory is read remotely.
+    cluster_wait();  // phase 1: every CTA of the cluster has started
     if (blockIdx.y != 0) {
-#pragma unroll
-      for (int j = 0; j < kPer; ++j) {
-        const int q = warp + j * WARPS;
-        if (q < kE) st_shared_cluster_f32(cluster_map_shared(&peer[blockIdx.y - 1][q][lane], 0), v[j]);
-      }
+      if (summer) st_shared_cluster_f32(cluster_map_shared(&peer[blockIdx.y - 1][q][lane], 0), v);
       cluster_arrive();
       SM120_W4A16_STAMP(3);
       return;
     }
     cluster_arrive();
-    cluster_wait();
-#pragma unroll
-    for (int j = 0; j < kPer; ++j) {
-      const int q = warp + j * WARPS;
-      if (q < kE)
-        for (int r = 1; r < p.splits; ++r) v[j] += peer[r - 1][q][lane];
-    }
+    cluster_wait();  // phase 2: the peers' sums are in peer[]
+    if (summer)
+      for (int r = 1; r < p.splits; ++r) v += peer[r - 1][q][lane];
   }
   SM120_W4A16_STAMP(3);
-  const float alpha = PDL ? w4a16_alpha(p) : alpha_early;
-#pragma unroll
-  for (int j = 0; j < kPer; ++j) {
-    const int q = warp + j * WARPS;
-    if (q < kE) {
-      const int i = q / (M_TILES * 4), r = q % (M_TILES * 4);
-      w4a16_store(p, group, rt0 + i, tok0, g, t, r >> 2, r & 3, v[j], alpha);
-    }
-  }
+  if (summer) w4a16_store(p, group, rt, tok0, g, t, q >> 2, q & 3, v, PDL ? w4a16_alpha(p) : alpha_early);
   SM120_W4A16_STAMP(4);
 }
 
 // The PDL launch runs the PDL instantiation (template flag = launch attribute).
-template <int WARPS, bool PDL, int TPW>
+template <int WARPS, bool PDL>
 cudaError_t launch_warpk(const W4A16Params& p, const W4A16Plan& plan, cudaStream_t stream) {
-  const dim3 grid(plan.n_ctas / TPW, plan.splits, plan.m_blocks), block(32 * WARPS);
+  const dim3 grid(plan.n_ctas, plan.splits, plan.m_blocks), block(32 * WARPS);
   const unsigned cluster_y = (unsigned)plan.splits;  // 1: no cluster
   return plan.m_tiles == 1
-             ? launch_kernel(gemm_w4a16_warpk_kernel<1, WARPS, PDL, TPW>, grid, block, stream, PDL, cluster_y, p)
-             : launch_kernel(gemm_w4a16_warpk_kernel<2, WARPS, PDL, TPW>, grid, block, stream, PDL, cluster_y, p);
+             ? launch_kernel(gemm_w4a16_warpk_kernel<1, WARPS, PDL>, grid, block, stream, PDL, cluster_y, p)
+             : launch_kernel(gemm_w4a16_warpk_kernel<2, WARPS, PDL>, grid, block, stream, PDL, cluster_y, p);
 }
 template <int WARPS>
 cudaError_t launch_warpk(const W4A16Params& p, const W4A16Plan& plan, bool pdl, cudaStream_t stream) {
-  if (plan.warpk_tpw == 2)
-    return pdl ? launch_warpk<WARPS, true, 2>(p, plan, stream) : launch_warpk<WARPS, false, 2>(p, plan, stream);
-  return pdl ? launch_warpk<WARPS, true, 1>(p, plan, stream) : launch_warpk<WARPS, false, 1>(p, plan, stream);
+  return pdl ? launch_warpk<WARPS, true>(p, plan, stream) : launch_warpk<WARPS, false>(p, plan, stream);
 }
 
 }  // namespace

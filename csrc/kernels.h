@@ -67,7 +67,6 @@ struct W4A16Plan {
   bool cluster;               // split-K reduced inside a thread-block cluster (no workspace)
   bool warpk;                 // gemm_w4a16_warpk: one CTA per 16-row tile, K split over its warps
   int warpk_warps;            // its warps per CTA (8 or 16; 0 for the split-K kernel)
-  int warpk_tpw;              // its 16-row tiles per CTA (1 or 2)
   int split_target;           // CTAs aimed for: the caller's, or default_split_target_w4a16's
   bool eight_warps;           // split-K kernel: 8 warps per CTA (flags; kW4A16AutoWarps: w4a16_eight_warps)
 };
