@@ -164,6 +164,26 @@ def marlin_layer(q, n, k, prepare):
     return layer
 
 
+def marlin_copies(q, n, k, prepare, count):
+    """`count` Marlin layers of one FP4 weight (a prepared layer and clones of its repacked tensors),
+    cycled like the rotating copies of ours."""
+    base = marlin_layer(q, n, k, prepare)
+    layers = [base]
+    for _ in range(count - 1):
+        c = torch.nn.Module()
+        c.weight, c.weight_scale = base.weight.clone(), base.weight_scale.clone()
+        c.weight_global_scale, c.workspace = base.weight_global_scale, base.workspace
+        layers.append(c)
+    return layers
+
+
+def marlin_ops(apply, layers, x, n, k):
+    """One upstream apply_fp4_marlin_linear call per Marlin layer copy, on x."""
+    return [lambda L=L: apply(input=x, weight=L.weight, weight_scale=L.weight_scale,
+                              weight_global_scale=L.weight_global_scale, workspace=L.workspace, size_n=n, size_k=k)
+            for L in layers]
+
+
 def bench_shape(name, n, k, ms, l2, copy_bw, floor_us, marlin, reps, log):
     torch.manual_seed(n * 31 + k)
     w = torch.randn(n, k, device="cuda") * 0.02
@@ -179,13 +199,7 @@ def bench_shape(name, n, k, ms, l2, copy_bw, floor_us, marlin, reps, log):
     marlin_layers, marlin_err = None, None
     if marlin is not None:
         try:
-            base = marlin_layer(q, n, k, marlin[1])
-            marlin_layers = [base]
-            for _ in range(n_fp4 - 1):
-                c = torch.nn.Module()
-                c.weight, c.weight_scale = base.weight.clone(), base.weight_scale.clone()
-                c.weight_global_scale, c.workspace = base.weight_global_scale, base.workspace
-                marlin_layers.append(c)
+            marlin_layers = marlin_copies(q, n, k, marlin[1], n_fp4)
         except Exception as exc:
             marlin_err = f"{type(exc).__name__}: {exc}".splitlines()[0]
             log(f"  marlin setup failed for {name}: {marlin_err}")
@@ -243,11 +257,7 @@ def bench_shape(name, n, k, ms, l2, copy_bw, floor_us, marlin, reps, log):
                 [lambda p=p: K.gemm_w4a4(*K.quantize_nvfp4(x, inv, mma_order=True), in_s, p) for p in pws], reps)
         if marlin_layers is not None:
             try:
-                apply = marlin[0]
-                r["marlin_us"] = time_ops([lambda L=L: apply(input=x, weight=L.weight, weight_scale=L.weight_scale,
-                                                             weight_global_scale=L.weight_global_scale,
-                                                             workspace=L.workspace, size_n=n, size_k=k)
-                                           for L in marlin_layers], reps)
+                r["marlin_us"] = time_ops(marlin_ops(marlin[0], marlin_layers, x, n, k), reps)
             except Exception as exc:
                 marlin_err = f"{type(exc).__name__}: {exc}".splitlines()[0]
                 marlin_layers = None
