@@ -210,16 +210,20 @@ def bench_shape(name, n, k, ms, l2, copy_bw, floor_us, marlin, reps, log):
     for m in ms:
         x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
         r = {"shape": name, "N": n, "K": k, "M": m, "weight_fp4_bytes": int(wbytes)}
-        # Order matters for plain launches: on small weights a plain graph timed right after a PDL
-        # graph runs ~0.3 us per call faster than one timed after a plain graph (H200, session 12,
-        # tools/gpu_host/fp4_order_probe.py). `ours` and Marlin, which the Marlin target compares, are
-        # each timed right after a plain graph: `ours` first in its row (after the previous row's last
-        # graph, Marlin or bf16, or the launch floor's chain), Marlin last (after bf16 or W4A4). bf16
-        # follows the split sweep's PDL graphs, the 4/8-warp plain columns follow PDL graphs too:
-        # compare those with each other only.
+        # Order matters: a graph's time depends on the graph timed just before it. On small weights a
+        # plain graph right after a PDL graph ran ~0.3 us per call faster than after a plain one
+        # (H200, session 12, tools/gpu_host/fp4_order_probe.py), and right after the bf16 graph
+        # Marlin ran 5-10% faster than after its own graph or ours, ours 3-5% faster (session 16,
+        # tools/gpu_host/marlin_rows_ab.py). So the pair the targets compare, `ours` and Marlin, is
+        # timed at the end of the row, each right after a bf16 graph: bf16, Marlin, bf16 again,
+        # ours. bf16 itself follows the split sweep's PDL graphs, the 4/8-warp plain columns follow
+        # PDL graphs too: compare those with each other only. `ours_row_start_us`, the plain default
+        # timed first in its row (the figure the targets used up to session 16, when Marlin followed
+        # bf16 but ours followed the previous row's Marlin), is kept beside it.
         # Targets use the plain launch. With PDL each call of the back-to-back chain prefetches its
         # weights during the previous call's tail: reported beside it, not used for the targets.
-        r["ours_us"] = time_ops([lambda p=p: K.gemm_w4a16(x, p, pdl=False) for p in pws], reps)
+        ours_ops = [lambda p=p: K.gemm_w4a16(x, p, pdl=False) for p in pws]
+        r["ours_row_start_us"] = time_ops(ours_ops, reps)
         # both W4A16 kernels where the warp-K one applies (plain, right after plain graphs too);
         # the default picks one by csrc's default_w4a16_warpk
         r["default_kernel"] = "warpk" if K.w4a16_plan(m, n, k, sms)["warpk"] else "split"
@@ -251,10 +255,11 @@ def bench_shape(name, n, k, ms, l2, copy_bw, floor_us, marlin, reps, log):
             r["split_target_splits"][label] = K.w4a16_plan(m, n, k, sms, split_target=t)["splits"]
             r["split_target_pdl_us"][label] = time_ops(
                 [lambda p=p, t=t: K.gemm_w4a16(x, p, pdl=True, split_target=t) for p in pws], reps)
-        r["bf16_us"] = time_ops([lambda b=b: torch.nn.functional.linear(x, b) for b in wbs], reps)
         if m >= 64:
             r["ours_w4a4_us"] = time_ops(
                 [lambda p=p: K.gemm_w4a4(*K.quantize_nvfp4(x, inv, mma_order=True), in_s, p) for p in pws], reps)
+        bf16_ops = [lambda b=b: torch.nn.functional.linear(x, b) for b in wbs]
+        r["bf16_us"] = time_ops(bf16_ops, reps)
         if marlin_layers is not None:
             try:
                 r["marlin_us"] = time_ops(marlin_ops(marlin[0], marlin_layers, x, n, k), reps)
@@ -265,6 +270,8 @@ def bench_shape(name, n, k, ms, l2, copy_bw, floor_us, marlin, reps, log):
         if "marlin_us" not in r:
             r["marlin_us"] = None
             r["marlin_missing"] = marlin_err or "not available"
+        r["bf16_repeat_us"] = time_ops(bf16_ops, reps)  # so that ours, like Marlin, follows a bf16 graph
+        r["ours_us"] = time_ops(ours_ops, reps)
         r["ours_bw_pct"] = 100.0 * fp4_bytes(n, k, m) / (r["ours_us"] * 1e-6) / copy_bw
         r["ours_pdl_bw_pct"] = 100.0 * fp4_bytes(n, k, m) / (r["ours_pdl_us"] * 1e-6) / copy_bw
         r["bf16_bw_pct"] = 100.0 * bf16_bytes(n, k, m) / (r["bf16_us"] * 1e-6) / copy_bw
@@ -395,6 +402,11 @@ def summarize(rows, marlin_reason):
         "pdl_speedup_vs_bf16_m_1_to_8_geomean": geo(pick(le8, "speedup_vs_bf16_pdl")),
         "pdl_cluster_speedup_vs_bf16_m_1_to_8_geomean": geo(pick(le8, "speedup_vs_bf16_cluster_pdl")),
     }
+    # the Marlin statistic with ours timed first in its row (after the previous row's Marlin), as the
+    # targets had it before session 16, while Marlin follows the bf16 graph: the order's effect
+    row_start = [r["marlin_us"] / r["ours_row_start_us"] for r in rows
+                 if r["M"] <= 16 and r.get("marlin_us") and r.get("ours_row_start_us")]
+    extra["speedup_vs_marlin_ours_at_row_start_m_le_16_min"] = rmin(row_start, 2)
     # < 1: the warp-K kernel beats the split-K one (plain launches); per M range, over the shapes
     for lo, hi in ((1, 8), (16, 16)):
         ratios = [r["ours_warpk_us"] / r["ours_split_us"] for r in rows
@@ -424,7 +436,8 @@ def write_md(path, meta, rows, targets, extra, est, tuning):
          + " (read + write)",
          f"- launch floor: {meta.get('launch_floor_us', float('nan')):.2f} us per call (one-element kernel in "
          "the same graph chain); 'at floor' = that floor + the call's bytes at the copy bandwidth",
-         f"- timing: median of {meta['reps']} CUDA-graph replays, rotating weight copies > 2x L2",
+         f"- timing: median of {meta['reps']} CUDA-graph replays, rotating weight copies > 2x L2; `ours` "
+         "and Marlin (the targets' pair) each timed right after a bf16 graph (since session 16)",
          f"- Marlin: {meta['marlin']}",
          *([f"- time budget {meta['time_budget_s']:.0f} s: skipped shapes {', '.join(meta['skipped_shapes'])}"]
            if meta.get("skipped_shapes") else []),

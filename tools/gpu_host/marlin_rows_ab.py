@@ -32,7 +32,15 @@ def main():
     ap.add_argument("--ms", default="1,2,4,8,16")
     ap.add_argument("--rounds", type=int, default=3, help="ABBA rounds (2 timings of each side per round)")
     ap.add_argument("--reps", type=int, default=15)
+    ap.add_argument("--bf16-copies", action="store_true",
+                    help="allocate the benchmark's rotating bf16 weight copies before the Marlin layers, as "
+                         "bench_fp4_gemm.py does (so the Marlin weights land where they land there)")
+    ap.add_argument("--bf16-before", choices=("none", "marlin", "both"), default="none",
+                    help="time a bf16 torch.nn.functional.linear graph right before every Marlin timing (the graph "
+                         "that precedes Marlin in bench_fp4_gemm.py's rows) or before every timing of both sides "
+                         "(implies --bf16-copies)")
     args = ap.parse_args()
+    args.bf16_copies = args.bf16_copies or args.bf16_before != "none"
     marlin, reason = B.load_marlin(print)
     if marlin is None:
         raise SystemExit(reason)
@@ -46,6 +54,10 @@ def main():
             torch.manual_seed(n * 31 + k)  # the benchmark's weights
             q = F.quantize_weight_modelopt(torch.randn(n, k, device="cuda") * 0.02)
             pws = B.rotating_weights(K.pack_weight(q["weight"], q["weight_scale"], q["weight_scale_2"]), l2)
+            wbs = None
+            if args.bf16_copies:
+                wb = (torch.randn(n, k, device="cuda") * 0.02).to(torch.bfloat16)
+                wbs = [wb] + [wb.clone() for _ in range(B.copies_for(2 * n * k, l2) - 1)]
             layers = B.marlin_copies(q, n, k, marlin[1], len(pws))
             for m in ms:
                 x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
@@ -54,6 +66,9 @@ def main():
                 t = {"ours": [], "marlin": []}
                 for _ in range(args.rounds):
                     for side in ("ours", "marlin", "marlin", "ours"):
+                        if args.bf16_before == "both" or (side == "marlin" and args.bf16_before == "marlin"):
+                            t.setdefault("bf16", []).append(B.time_ops(
+                                [lambda b=b: torch.nn.functional.linear(x, b) for b in wbs], args.reps))
                         t[side].append(B.time_ops(ours_ops if side == "ours" else marlin_ops, args.reps))
                 ours, mar = statistics.mean(t["ours"]), statistics.mean(t["marlin"])
                 # the ratio of each round's means: its spread says how far one pair can wander
@@ -67,7 +82,7 @@ def main():
                 print(f"{name:28s} M={m:3d} ours {ours:6.2f} us  Marlin {mar:6.2f} us  x Marlin {mar / ours:.3f} "
                       f"(rounds {min(per_round):.3f}-{max(per_round):.3f}; single pairs "
                       f"{min(row['x_marlin_single_pairs']):.3f}-{max(row['x_marlin_single_pairs']):.3f})", flush=True)
-            del pws, layers
+            del pws, layers, wbs
             torch.cuda.empty_cache()
 
 
