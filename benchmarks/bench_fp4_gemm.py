@@ -216,8 +216,8 @@ def bench_shape(name, n, k, ms, l2, copy_bw, floor_us, marlin, reps, log):
         # Marlin ran 5-10% faster than after its own graph or ours, ours 3-5% faster (session 16,
         # tools/gpu_host/marlin_rows_ab.py). So the pair the targets compare, `ours` and Marlin, is
         # timed at the end of the row, each right after a bf16 graph: bf16, Marlin, bf16 again,
-        # ours. bf16 itself follows the split sweep's PDL graphs, the 4/8-warp plain columns follow
-        # PDL graphs too: compare those with each other only. `ours_row_start_us`, the plain default
+        # ours. bf16 itself follows the split sweep's PDL graphs (W4A4's at M >= 64), the 4/8-warp
+        # plain columns follow PDL graphs too: compare those with each other only. `ours_row_start_us`, the plain default
         # timed first in its row (the figure the targets used up to session 16, when Marlin followed
         # bf16 but ours followed the previous row's Marlin), is kept beside it.
         # Targets use the plain launch. With PDL each call of the back-to-back chain prefetches its
