@@ -64,6 +64,22 @@ class Log:
         self.lines.append(line)
 
 
+def select_shapes(spec, sel=None):
+    """The shapes (of `sel`, default all) whose names contain any comma-separated substring of
+    `spec`; all of them for an empty spec."""
+    want = [w.strip() for w in spec.split(",") if w.strip()]
+    sel = shapes() if sel is None else sel
+    return [s for s in sel if any(w in s[0] for w in want)] if want else sel
+
+
+def shape_weight(n, k):
+    """The benchmark's fp32 weight of an (N, K) shape and its NVFP4 quantization (modelopt format),
+    seeded by the shape, so that every tool times the benchmark's values."""
+    torch.manual_seed(n * 31 + k)
+    w = torch.randn(n, k, device="cuda") * 0.02
+    return w, F.quantize_weight_modelopt(w)
+
+
 def fp4_bytes(n, k, m):
     return 0.5625 * n * k + 2 * m * k + 2 * m * n
 
@@ -185,9 +201,7 @@ def marlin_ops(apply, layers, x, n, k):
 
 
 def bench_shape(name, n, k, ms, l2, copy_bw, floor_us, marlin, reps, log):
-    torch.manual_seed(n * 31 + k)
-    w = torch.randn(n, k, device="cuda") * 0.02
-    q = F.quantize_weight_modelopt(w)
+    w, q = shape_weight(n, k)
     pw = K.pack_weight(q["weight"], q["weight_scale"], q["weight_scale_2"])
     wbytes = 0.5625 * n * k
     n_fp4 = copies_for(wbytes, l2)
@@ -217,9 +231,10 @@ def bench_shape(name, n, k, ms, l2, copy_bw, floor_us, marlin, reps, log):
         # tools/gpu_host/marlin_rows_ab.py). So the pair the targets compare, `ours` and Marlin, is
         # timed at the end of the row, each right after a bf16 graph: bf16, Marlin, bf16 again,
         # ours. bf16 itself follows the split sweep's PDL graphs (W4A4's at M >= 64), the 4/8-warp
-        # plain columns follow PDL graphs too: compare those with each other only. `ours_row_start_us`, the plain default
-        # timed first in its row (the figure the targets used up to session 16, when Marlin followed
-        # bf16 but ours followed the previous row's Marlin), is kept beside it.
+        # plain columns follow PDL graphs too: compare those with each other only.
+        # `ours_row_start_us`, the plain default timed first in its row (the figure the targets used
+        # up to session 16, when Marlin followed bf16 but ours followed the previous row's Marlin),
+        # is kept beside it.
         # Targets use the plain launch. With PDL each call of the back-to-back chain prefetches its
         # weights during the previous call's tail: reported beside it, not used for the targets.
         ours_ops = [lambda p=p: K.gemm_w4a16(x, p, pdl=False) for p in pws]
@@ -528,8 +543,7 @@ def main():
     if args.quick:
         sel = [s for s in sel if s[0] in ("glm5 o_proj tp1", "qwen3-30b qkv tp1", "glm5 shared down tp8", "glm5 q_b tp4")]
     if args.shapes:
-        want = [w.strip() for w in args.shapes.split(",") if w.strip()]
-        sel = [s for s in sel if any(w in s[0] for w in want)]
+        sel = select_shapes(args.shapes, sel)
     rows = []
     t0 = time.time()
     meta["time_budget_s"] = args.max_seconds or None

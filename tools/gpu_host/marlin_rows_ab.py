@@ -22,7 +22,7 @@ import bench_fp4_gemm as B  # noqa: E402  (puts this checkout's kernels first)
 
 import torch  # noqa: E402
 
-K, F = B.K, B.F
+K = B.K
 
 
 def main():
@@ -45,14 +45,10 @@ def main():
     if marlin is None:
         raise SystemExit(reason)
     l2 = torch.cuda.get_device_properties(0).L2_cache_size
-    want = [s.strip() for s in args.shapes.split(",") if s.strip()]
     ms = [int(m) for m in args.ms.split(",")]
     with args.out.open("w") as f:
-        for name, n, k in B.shapes():
-            if not any(w in name for w in want):
-                continue
-            torch.manual_seed(n * 31 + k)  # the benchmark's weights
-            q = F.quantize_weight_modelopt(torch.randn(n, k, device="cuda") * 0.02)
+        for name, n, k in B.select_shapes(args.shapes):
+            _, q = B.shape_weight(n, k)
             pws = B.rotating_weights(K.pack_weight(q["weight"], q["weight_scale"], q["weight_scale_2"]), l2)
             wbs = None
             if args.bf16_copies:

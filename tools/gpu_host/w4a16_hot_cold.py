@@ -19,7 +19,7 @@ import bench_fp4_gemm as B  # noqa: E402  (puts this checkout's kernels first)
 
 import torch  # noqa: E402
 
-K, F = B.K, B.F
+K = B.K
 DEFAULT_CASES = ["16384,2048,1", "16384,2048,1,warps=8", "16384,2048,16",
                  "6144,16384,1", "28672,512,1", "6144,2048,16", "5120,2048,1", "512,6144,1"]
 INT_KEYS = {"warps", "split_target"}
@@ -46,8 +46,7 @@ def main():
     with args.out.open("w") as f:
         for case in args.cases:
             n, k, m, kw = parse(case)
-            torch.manual_seed(n * 31 + k)
-            q = F.quantize_weight_modelopt(torch.randn(n, k, device="cuda") * 0.02)
+            _, q = B.shape_weight(n, k)
             pw = K.pack_weight(q["weight"], q["weight_scale"], q["weight_scale_2"])
             pws = B.rotating_weights(pw, l2)
             x = torch.randn(m, k, device="cuda").to(torch.bfloat16)

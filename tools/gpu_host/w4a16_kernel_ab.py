@@ -21,7 +21,7 @@ import bench_fp4_gemm as B  # noqa: E402  (puts this checkout's kernels first)
 
 import torch  # noqa: E402
 
-K, F = B.K, B.F
+K = B.K
 
 
 def _spec(text):
@@ -40,14 +40,10 @@ def main():
     specs = [_spec(s.strip()) for s in args.kernels.split(",") if s.strip()]
     l2 = torch.cuda.get_device_properties(0).L2_cache_size
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    want = [s.strip() for s in args.shapes.split(",") if s.strip()]
     ms = [int(m) for m in args.ms.split(",")]
     with args.out.open("w") as f:
-        for name, n, k in B.shapes():
-            if want and not any(w in name for w in want):
-                continue
-            torch.manual_seed(n * 31 + k)
-            q = F.quantize_weight_modelopt(torch.randn(n, k, device="cuda") * 0.02)
+        for name, n, k in B.select_shapes(args.shapes):
+            _, q = B.shape_weight(n, k)
             pw = K.pack_weight(q["weight"], q["weight_scale"], q["weight_scale_2"])
             pws = B.rotating_weights(pw, l2)
             for m in ms:

@@ -156,7 +156,9 @@ def workspace(device: torch.device) -> torch.Tensor:
 
 
 def _debug_sync(device: torch.device, what: str) -> None:
-    if not _SYNC_AFTER_LAUNCH or torch.cuda.is_current_stream_capturing():
+    """SGLANG_SM120_KERNEL_SYNC mode (callers test _SYNC_AFTER_LAUNCH first, so the message `what`
+    is only formatted then): synchronize and name the launch that faulted."""
+    if torch.cuda.is_current_stream_capturing():
         return
     try:
         torch.cuda.synchronize(device)
@@ -203,7 +205,8 @@ def _launch_quantize(x, global_scale, packed, scales, mma_order: bool) -> None:
     rc = _lib.load().sm120_quantize_nvfp4(dev.index, _ptr(x), _ptr(global_scale), _ptr(packed), _ptr(scales),
                                           m, k, int(mma_order), _stream(dev))
     _lib.check(rc, "quantize_nvfp4")
-    _debug_sync(dev, f"quantize_nvfp4(M={m}, K={k}, mma_order={mma_order})")
+    if _SYNC_AFTER_LAUNCH:  # the message is only built in debug mode (eager decode calls this per GEMM)
+        _debug_sync(dev, f"quantize_nvfp4(M={m}, K={k}, mma_order={mma_order})")
 
 
 def _check_weight(weight: PackedWeight, dev) -> None:
@@ -296,8 +299,10 @@ def _launch_w4a16(x, weight: PackedWeight, bias, y, workspace_buf, split_target:
                                       weight.k, _ptr(workspace_buf), workspace_buf.numel(), split_target,
                                       flags, _stream(dev))
     _lib.check(rc, "gemm_w4a16")
-    _debug_sync(dev, f"gemm_w4a16(M={x.shape[0]}, N={weight.n}, K={weight.k}, split_target={split_target}, "
-                     f"pdl={pdl}, cluster={cluster}, warps={WARPS_DEFAULT if warps is None else warps}, kernel={kernel})")
+    if _SYNC_AFTER_LAUNCH:
+        _debug_sync(dev, f"gemm_w4a16(M={x.shape[0]}, N={weight.n}, K={weight.k}, split_target={split_target}, "
+                         f"pdl={pdl}, cluster={cluster}, warps={WARPS_DEFAULT if warps is None else warps}, "
+                         f"kernel={kernel})")
 
 
 _W4A4_MODES = {"auto": 0, "hardware": 1, "emulate": 2}
@@ -342,7 +347,8 @@ def _launch_w4a4(xq, x_scales, input_scale, weight: PackedWeight, bias, y, mode:
                                      _ptr(weight.scales), _ptr(weight.weight_scale_2), _ptr(bias), _ptr(y),
                                      xq.shape[0], weight.n, weight.k, mode, _stream(dev))
     _lib.check(rc, "gemm_w4a4")
-    _debug_sync(dev, f"gemm_w4a4(M={xq.shape[0]}, N={weight.n}, K={weight.k}, mode={mode})")
+    if _SYNC_AFTER_LAUNCH:
+        _debug_sync(dev, f"gemm_w4a4(M={xq.shape[0]}, N={weight.n}, K={weight.k}, mode={mode})")
 
 
 # ----------------------------------------------------------------------------- layer fast path
