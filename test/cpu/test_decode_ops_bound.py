@@ -19,3 +19,10 @@ def test_search_finds_layout_py_rotations_and_nothing_cheaper_than_8():
     assert bound.covers((0, 4, 6, 10, 14), 5)  # layout.py: 4 SHF + 5 LOP3
     assert not bound.covers((0, 4, 6, 10, 14), 4)  # one piece per pair: no tiling
     assert bound.layouts_within(7) == []
+
+
+def test_two_word_search_finds_covers_where_they_exist_and_none_for_t():
+    tiling = (0, 1, 2, 3, 16, 17, 18, 19)  # tiles a word by rotations 0, 4, 8, 12
+    assert bound.two_word_full_cover(tiling) is not None
+    assert bound.two_word_nine_pieces(tiling) is not None
+    assert bound.two_word_full_cover() is None  # T: no 8 sources partition the two words
