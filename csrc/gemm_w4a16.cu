@@ -211,8 +211,6 @@ __global__ void __launch_bounds__(32 * WARPS) gemm_w4a16_kernel(const W4A16Param
   }
   cp_async_wait<0>();
   SM120_W4A16_STAMP(2);
-  // Every load of this grid is in; the next grid may start prefetching its own weights.
-  pdl_launch_dependents();
 
   auto store = [&](const float (&v)[T::kTilesPerWarp][M_TILES][4]) {
 #pragma unroll
@@ -312,6 +310,12 @@ __global__ void __launch_bounds__(32 * WARPS) gemm_w4a16_kernel(const W4A16Param
   }
   store(sum);
   SM120_W4A16_STAMP(4);
+  // The next grid may launch once every CTA has stored (or exited: split-K CTAs that hand off
+  // their partials return above). Triggered right after the K loop instead, a chain of one-wave
+  // calls (glm5 q_b TP 1, 128 CTAs) ran 1.09-1.19x slower under PDL than plain from M = 7 on, with
+  // the same kernel that PDL sped up at M <= 6. Triggered here: 0.78-0.84x that PDL time at
+  // M 7-16, and no shape measured lost (PDL geomean 0.984 over 8 shapes x 6 M; session 20).
+  pdl_launch_dependents();
 }
 
 constexpr int tile_elems(int m_tiles) { return 128 * 2 * m_tiles * 4; }

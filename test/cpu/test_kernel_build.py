@@ -107,8 +107,10 @@ def _functions(sass: str) -> dict:
 
 def test_w4a16_prefetches_weights_before_the_pdl_wait_and_has_no_sc_fence(built, cuobjdump):
     """PDL: weight copies (LDGSTS) precede griddepcontrol.wait (ACQBULK), the grid triggers its
-    dependents (PREEXIT), the split-K hand-off uses one acq_rel atomic, not fence.sc, and the
-    cluster reduction has its two cluster barriers (UCGABAR arrive + wait)."""
+    dependents (PREEXIT) after its output store (session 20: triggered after the K loop, one-wave
+    chains at M >= 7 ran slower under PDL than plain), the split-K hand-off uses one acq_rel
+    atomic, not fence.sc, and the cluster reduction has its two cluster barriers (UCGABAR arrive +
+    wait)."""
     _, out, _ = built
     for arch in ("sm_90a", "sm_120a"):
         fns = {n: b for n, b in _functions(_dump(cuobjdump, out / kb.LIBRARY_NAME, "-sass", "-arch", arch)).items()
@@ -116,6 +118,7 @@ def test_w4a16_prefetches_weights_before_the_pdl_wait_and_has_no_sc_fence(built,
         assert len(fns) == 8, (arch, sorted(fns))  # M tiles 1, 2, 4, 8 x 4 or 8 warps
         for name, body in fns.items():
             assert body.count("ACQBULK") == 1 and body.count("PREEXIT") == 1, (arch, name)
+            assert "STG.E.U16" not in body.split("PREEXIT", 1)[1], (arch, name, "an output store after the trigger")
             before_wait = body.split("ACQBULK", 1)[0]
             assert before_wait.count("LDGSTS") >= 4, (arch, name)  # the first stages' weights
             # every copy asks L2 for 256-byte fills (session 16)
