@@ -26,6 +26,7 @@ import itertools
 N = 32
 T = (6, 7, 8, 15, 22, 23, 24, 31)
 FULL = (1 << N) - 1
+FULL_TWO_WORDS = (1 << 2 * N) - 1
 
 
 def source_mask(rotations):
@@ -134,7 +135,7 @@ def _whole_images(sources):
 def two_word_full_cover(target=T):
     """Eight sources, each giving all its target bits to one output: their images partition the 64
     bits (cost 8 LOP3 + at most 6 SHF). Returns one such set of source labels, or None."""
-    return _exact_cover(_whole_images(two_word_sources(target)), (1 << 2 * N) - 1, 8)
+    return _exact_cover(_whole_images(two_word_sources(target)), FULL_TWO_WORDS, 8)
 
 
 def two_word_nine_pieces(target=T):
@@ -148,7 +149,7 @@ def two_word_nine_pieces(target=T):
             rest = [t for t in target if t not in part]
             split = [((kind, label), _mask(m[t] for t in bits), label, kind)
                      for label, m in sources.items() for kind, bits in (("part", part), ("rest", rest))]
-            got = _exact_cover(whole + split, (1 << 2 * N) - 1, 9, required=("part", "rest"))
+            got = _exact_cover(whole + split, FULL_TWO_WORDS, 9, required=("part", "rest"))
             if got is not None:
                 return part, got
     return None

@@ -1,8 +1,9 @@
-"""Why a chain of PDL launches of glm5 q_b TP 1 runs slower than plain launches at M 8-16 but
-faster at M 1-4 (docs/kernels.md "Session 20"): times one shape's W4A16 call, plain and PDL, at
-each M, with random activations and with all-zero ones (same bytes moved, no MMA data toggling),
-while `nvidia-smi` samples the SM clock and board power. A step between two M with the same kernel
-and grid points at the schedule; a gap that follows the data and the clock points at power.
+"""Times one shape's W4A16 call, plain and PDL, at each M, with random activations and with
+all-zero ones (same bytes moved, no MMA data toggling), while `nvidia-smi` samples the SM clock and
+board power. A step between two M with the same kernel and grid points at the schedule; a gap that
+follows the data and the clock points at power. Session 20 found that way why chains of PDL
+launches of glm5 q_b TP 1 ran slower than plain from M 7 on (the split-K kernel's early trigger,
+since moved after its store; docs/kernels.md "Session 20").
 
     PYTHONPATH=python python3 tools/gpu_host/pdl_chain_probe.py --out probe.jsonl \
         [--shape "glm5 q_b tp1"] [--ms 1,2,4,5,6,7,8,16]
