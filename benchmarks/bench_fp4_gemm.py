@@ -226,9 +226,9 @@ def bench_shape(name, n, k, ms, l2, copy_bw, floor_us, marlin, reps, log):
         r = {"shape": name, "N": n, "K": k, "M": m, "weight_fp4_bytes": int(wbytes)}
         # Order matters: a graph's time depends on the graph timed just before it. On small weights a
         # plain graph right after a PDL graph ran ~0.3 us per call faster than after a plain one
-        # (H200, session 12, tools/gpu_host/fp4_order_probe.py), and right after the bf16 graph
+        # (H200, session 12, lab/fp4_order_probe.py), and right after the bf16 graph
         # Marlin ran 5-10% faster than after its own graph or ours, ours 3-5% faster (session 16,
-        # tools/gpu_host/marlin_rows_ab.py). So the pair the targets compare, `ours` and Marlin, is
+        # lab/marlin_rows_ab.py). So the pair the targets compare, `ours` and Marlin, is
         # timed at the end of the row, each right after a bf16 graph: bf16, Marlin, bf16 again,
         # ours. bf16 itself follows the split sweep's PDL graphs (W4A4's at M >= 64), the 4/8-warp
         # plain columns follow PDL graphs too: compare those with each other only.

@@ -5,7 +5,7 @@ import subprocess
 from pathlib import Path
 
 TOP = ("setup.py", "pyproject.toml", "UPSTREAM.toml", "README.md", "pytest.ini")
-DIRS = ("forkbuild", "patches", "python", "csrc", "tools", "test", "docs", "benchmarks")
+DIRS = ("forkbuild", "patches", "python", "csrc", "tools", "deploy", "lab", "test", "docs", "benchmarks")
 
 
 def source_files(root: Path) -> list[str]:

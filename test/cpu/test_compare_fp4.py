@@ -1,4 +1,4 @@
-"""benchmarks/compare_fp4.py (the A/B report of two kernel libraries) on synthetic result files."""
+"""lab/compare_fp4.py (the A/B report of two kernel libraries) on synthetic result files."""
 import json
 
 import pytest
@@ -7,7 +7,7 @@ import repo_scripts
 
 @pytest.fixture(scope="module")
 def cmp():
-    return repo_scripts.load("benchmarks/compare_fp4.py")
+    return repo_scripts.load("lab/compare_fp4.py")
 
 
 def _write(path, rows):

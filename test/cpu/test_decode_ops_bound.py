@@ -1,7 +1,7 @@
-"""tools/decode_ops_bound.py: its model matches layout.py's decode, and its search is not vacuous."""
+"""lab/decode_ops_bound.py: its model matches layout.py's decode, and its search is not vacuous."""
 from repo_scripts import load
 
-bound = load("tools/decode_ops_bound.py")
+bound = load("lab/decode_ops_bound.py")
 
 
 def test_model_is_layout_py_decode():

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-TOOLS = REPO / "tools" / "gpu_host"
+TOOLS = REPO / "deploy"
 sys.path.insert(0, str(TOOLS))
 import flashinfer_aot as fa  # noqa: E402
 

@@ -1,10 +1,10 @@
-"""tools/gpu_host/bg.sh: a job started in one host call, waited on in the next."""
+"""deploy/bg.sh: a job started in one host call, waited on in the next."""
 import os
 import subprocess
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-BG = REPO / "tools" / "gpu_host" / "bg.sh"
+BG = REPO / "deploy" / "bg.sh"
 
 
 def bg(tmp_path, *args):

@@ -1,4 +1,4 @@
-"""tools/gpu_host/measure_all.sh: steps in order, each logged, a failed step does not stop the queue."""
+"""lab/measure_all.sh: steps in order, each logged, a failed step does not stop the queue."""
 import os
 import subprocess
 
@@ -6,7 +6,7 @@ import pytest
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-SCRIPT = REPO / "tools" / "gpu_host" / "measure_all.sh"
+SCRIPT = REPO / "lab" / "measure_all.sh"
 
 
 def run(tmp_path, *steps, fail=""):
@@ -93,7 +93,7 @@ def test_ncu_step_profiles_the_w4a16_cases_with_the_clocks_left_alone(tmp_path):
     proc, calls = run(tmp_path, "fp4-ncu")
     assert proc.returncode == 0, proc.stdout
     assert len(calls) == 1 and calls[0].startswith("--clock-control none --profile-from-start off")
-    assert "tools/gpu_host/profile_w4a16.py" in calls[0]
+    assert "lab/profile_w4a16.py" in calls[0]
     assert "--log-file " + str(tmp_path / "res" / "fp4-ncu.txt") in calls[0]
 
 
@@ -118,7 +118,7 @@ def test_usage_prints_the_whole_header(tmp_path):
 def test_kernels_step_builds_smokes_and_tests_without_the_quick_benchmark(tmp_path):
     proc, calls = run(tmp_path, "kernels")
     assert proc.returncode == 0, proc.stdout
-    assert [c.split()[:2] for c in calls] == [["-m", "forkbuild.kernels"], ["tools/gpu_host/kernels_smoke.py"],
+    assert [c.split()[:2] for c in calls] == [["-m", "forkbuild.kernels"], ["lab/kernels_smoke.py"],
                                               ["-m", "pytest"]]
     assert "bench: skipped (BENCH_CAP=0)" in (tmp_path / "res" / "kernels-check" / "summary.txt").read_text()
 
@@ -126,7 +126,7 @@ def test_kernels_step_builds_smokes_and_tests_without_the_quick_benchmark(tmp_pa
 def test_graph_memory_step_runs_the_probe_into_the_results(tmp_path):
     proc, calls = run(tmp_path, "graph-memory")
     assert proc.returncode == 0, proc.stdout
-    assert calls == [f"tools/gpu_host/graph_memory_probe.py --out {tmp_path / 'res' / 'graph-memory.json'}"]
+    assert calls == [f"lab/graph_memory_probe.py --out {tmp_path / 'res' / 'graph-memory.json'}"]
 
 
 def test_graph_memory_probe_says_it_needs_a_gpu(tmp_path):
@@ -137,7 +137,7 @@ def test_graph_memory_probe_says_it_needs_a_gpu(tmp_path):
 
     if torch.cuda.is_available():
         pytest.skip("a GPU is present: the probe would run")
-    proc = subprocess.run([sys.executable, str(REPO / "tools" / "gpu_host" / "graph_memory_probe.py"),
+    proc = subprocess.run([sys.executable, str(REPO / "lab" / "graph_memory_probe.py"),
                            "--out", str(tmp_path / "g.json")], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "needs a CUDA GPU" in proc.stderr and not (tmp_path / "g.json").exists()
 
@@ -190,7 +190,7 @@ def test_fp4_ab_step_times_new_old_new_on_every_shape_then_compares(tmp_path, mo
     proc, calls = run(tmp_path, "fp4-ab")
     assert proc.returncode == 0, proc.stdout
     ab = tmp_path / "res" / "fp4-ab"
-    assert [c.split()[0] for c in calls] == ["benchmarks/bench_fp4_gemm.py"] * 3 + ["benchmarks/compare_fp4.py"]
+    assert [c.split()[0] for c in calls] == ["benchmarks/bench_fp4_gemm.py"] * 3 + ["lab/compare_fp4.py"]
     assert [c.split("--results-dir ")[1] for c in calls[:3]] == [str(ab / r) for r in ("new1", "old", "new2")]
     assert all("--no-tune --shapes  " in c for c in calls[:3])  # "" = every shape
     assert "--base " + str(ab / "old") in calls[3]

@@ -1,4 +1,4 @@
-"""tools/gpu_host/prebuild_jit.py: every listed module names a real loader of the installed
+"""deploy/prebuild_jit.py: every listed module names a real loader of the installed
 sglang and its arguments bind to that loader (a renamed loader or a changed signature upstream
 would otherwise only show as a compile on the GPU host)."""
 import importlib
@@ -10,7 +10,7 @@ import repo_scripts
 
 @pytest.fixture(scope="module")
 def prebuild():
-    return repo_scripts.load("tools/gpu_host/prebuild_jit.py")
+    return repo_scripts.load("deploy/prebuild_jit.py")
 
 
 def test_every_module_binds_to_its_loader(prebuild):

@@ -1,4 +1,4 @@
-"""benchmarks/prefill_profile.py's trace reading without a GPU."""
+"""lab/prefill_profile.py's trace reading without a GPU."""
 import gzip
 import json
 
@@ -8,7 +8,7 @@ import repo_scripts
 
 @pytest.fixture(scope="module")
 def prof():
-    return repo_scripts.load("benchmarks/prefill_profile.py")
+    return repo_scripts.load("lab/prefill_profile.py")
 
 
 def _k(name, ts, dur, cat="kernel"):

@@ -161,15 +161,15 @@ def test_kernel_match_follows_the_captured_prefill_attention():
 
 
 def test_rejudge_tool_on_session_10s_recorded_runs():
-    """tools/rejudge_correctness.py applies judge() to results files: session 10's qwen3_moe bf16
+    """lab/rejudge_correctness.py applies judge() to results files: session 10's qwen3_moe bf16
     runs pass (FA3 default against the control's counts, FA2 equal to the control cell by cell),
     its deepseek_v2 bf16 run fails (two bs-1 cells differ from upstream's own graphs)."""
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("rejudge", REPO / "tools" / "rejudge_correctness.py")
+    spec = importlib.util.spec_from_file_location("rejudge", REPO / "lab" / "rejudge_correctness.py")
     tool = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(tool)
-    res = REPO / "benchmarks" / "results"
+    res = REPO / "lab" / "archive" / "results"
 
     def verdicts(name, same):
         return tool.rejudge(json.loads((res / f"layerwise-correctness-{name}.json").read_text()), same)

@@ -1,4 +1,4 @@
-"""Offline tests of tools/wheelhouse.py and the GPU-host staging scripts, on tiny synthetic wheels."""
+"""Offline tests of deploy/wheelhouse.py and the GPU-host staging scripts, on tiny synthetic wheels."""
 from __future__ import annotations
 
 import base64
@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "tools"))
+sys.path.insert(0, str(REPO / "deploy"))
 
 import wheelhouse  # noqa: E402
 from wheelhouse_lib.compat import Version  # noqa: E402
@@ -110,7 +110,7 @@ def test_parse_host_list_errors_name_the_line():
 
 
 def test_checked_in_host_freeze_reads():
-    host = load_host_list(REPO / "tools/gpu_host/h200-host-freeze.txt")
+    host = load_host_list(REPO / "deploy/h200-host-freeze.txt")
     assert host.version_of("torch") == Version("2.11.0")
     assert host.version_of("transformers") == Version("5.17.0")
     assert host.version_of("tokenizers") == Version("0.23.2")
@@ -350,7 +350,7 @@ def test_policy_needs_upstream_and_valid_toml(tmp_path):
 
 
 def test_checked_in_policy_is_valid_and_explains_every_entry():
-    pol = load_policy(REPO / "tools/gpu_host/wheelhouse-policy.toml")
+    pol = load_policy(REPO / "deploy/wheelhouse-policy.toml")
     assert pol.upstream_name == "sglang" and pol.upstream_version == "0.5.16"
     assert pol.conflict["transformers"].use == "ship" and pol.conflict["tokenizers"].use == "host"
     assert "sgl_kernel/flash_ops.abi3.so" in pol.slim["sglang-kernel"].remove
@@ -446,17 +446,17 @@ def test_stage_then_gpu_host_install_with_a_prebuilt_fork(tmp_path):
     stage, site = tmp_path / "stage", tmp_path / "site"
     env = {"STAGE_DIR": str(stage)}
     parts = sorted(manifest["parts"])
-    r = _sh([REPO / "tools/gpu_host/stage.sh", out / parts[0]], env)
+    r = _sh([REPO / "deploy/stage.sh", out / parts[0]], env)
     assert r.returncode == 0, r.stderr
     assert f"{parts[1]}: missing" in r.stdout and f"{parts[0]}: present" in r.stdout
-    r = _sh([REPO / "tools/gpu_host/install.sh", site], env)  # not everything staged yet
+    r = _sh([REPO / "deploy/install.sh", site], env)  # not everything staged yet
     assert r.returncode == 1 and "is missing or incomplete" in r.stderr
-    r = _sh([REPO / "tools/gpu_host/stage.sh", *(out / p for p in parts[1:])], env)
+    r = _sh([REPO / "deploy/stage.sh", *(out / p for p in parts[1:])], env)
     assert r.returncode == 0, r.stderr
     other, _ = _wheelhouse(tmp_path / "other")  # a different build (upstream role): manifests differ
-    r = _sh([REPO / "tools/gpu_host/stage.sh", other / parts[0]], env)
+    r = _sh([REPO / "deploy/stage.sh", other / parts[0]], env)
     assert r.returncode == 1 and "belongs to another wheelhouse build" in r.stderr
-    r = _sh([REPO / "tools/gpu_host/install.sh", site], env, cwd=tmp_path)
+    r = _sh([REPO / "deploy/install.sh", site], env, cwd=tmp_path)
     assert r.returncode == 0, r.stdout + r.stderr
     assert f"export PYTHONPATH={site}" in r.stdout
     assert (site / "sglang" / "__init__.py").is_file() and (site / "alpha").is_dir()
@@ -464,7 +464,7 @@ def test_stage_then_gpu_host_install_with_a_prebuilt_fork(tmp_path):
 
 def test_stage_rejects_a_folder_that_is_not_a_part(tmp_path):
     (tmp_path / "junk").mkdir()
-    r = _sh([REPO / "tools/gpu_host/stage.sh", tmp_path / "junk"], {"STAGE_DIR": str(tmp_path / "stage")})
+    r = _sh([REPO / "deploy/stage.sh", tmp_path / "junk"], {"STAGE_DIR": str(tmp_path / "stage")})
     assert r.returncode == 1 and "not a part of a wheelhouse" in r.stderr
 
 

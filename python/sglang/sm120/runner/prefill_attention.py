@@ -13,7 +13,7 @@ on SM90 where they support the dtypes and mask (the same compiled module as the 
 prefill) and FA2 everywhere else, SM120 included; `fa2` keeps upstream's choice; `fa3` insists
 on FA3 and is refused off SM90. Only the wrappers built while layerwise prefill captures take
 it: eager paths keep their own. Measured on the H200 (session 9,
-benchmarks/results/runner-h200-2026-12-01-s9.md): FA3 0.989x / 1.012x `breakable` at 1024 / 4096
+lab/archive/results/runner-h200-2026-12-01-s9.md): FA3 0.989x / 1.012x `breakable` at 1024 / 4096
 tokens against FA2's 1.015x / 1.051x in the same run, and the same greedy tokens as graphs
 disabled on the short-prompt cells where FA2's split-KV plan differs (docs/runner.md 5.8).
 """

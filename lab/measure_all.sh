@@ -1,0 +1,210 @@
+#!/usr/bin/env bash
+# The H200 measurement queue: the project's GPU benchmarks and long GPU tests one after another,
+# meant to run as one background job that outlives the host's 10-minute calls:
+#
+#   bash deploy/bg.sh start measure -- bash lab/measure_all.sh RESULTS [STEP...]
+#   bash deploy/bg.sh wait measure 560       # in each following call; then copy RESULTS
+#
+# Steps (with none named, the list in STEPS=(...) below, most wanted first; each has its own cap in seconds):
+#   lean-moe     test_lean_moe.py: the lean eager MoE vs upstream's on real Triton kernels, bit for
+#                bit, and its host time per layer (decode and prefill rows)                      300
+#   kernels      lab/kernels_check.sh without its quick benchmark: build csrc here, the
+#                smoke test (compute-sanitizer on failure), test_kernels.py -> RESULTS/kernels-check/ 600
+#   fp4          benchmarks/bench_fp4_gemm.py (ours plain/PDL vs bf16 vs Marlin, split sweep)   300
+#   fp4-ab       lab/fp4_ab.sh: $FP4_AB_OLD_LIB (with $FP4_AB_OLD_ENV) against this tree's
+#                library, every shape, new/old/new in one call -> RESULTS/fp4-ab/compare.md       400
+#   w4a16-timeline  lab/w4a16_timeline.cu built here with the stamps on: per-CTA phases of
+#                small W4A16 calls (first bytes, compute, split-K hand-off, reduction)            120
+#   fp4-ncu      Nsight Compute on one launch per case of lab/profile_w4a16.py (W4A16
+#                at M 1/16 with the default and the 0.5x-SMs split plans, cuBLAS bf16 beside them):
+#                stall reasons, occupancy, DRAM throughput -> RESULTS/fp4-ncu.txt               300
+#   graph-memory lab/graph_memory_probe.py: device memory per instantiated CUDA graph
+#                outside torch's allocator (is layerwise's graph memory the number of graphs?)  180
+#   runner       benchmarks/bench_runner.py, its five default configurations, saved after each  2000
+#   prefill-profile lab/prefill_profile.py: GPU kernel timeline of upstream breakable vs
+#                layerwise prefill at 1024 / 4096 tokens (busy / idle, by kernel group)          600
+#   prefill-fa2  layerwise prefill with its captured attention on upstream's FA2 plan (what SM120
+#                runs; the default, auto, takes FA3 on SM90): bench_runner.py's
+#                layerwise_fa2_prefill (merged into the runner step's file) and the qwen3_moe bf16
+#                correctness full grid under SGLANG_SM120_LAYERWISE_PREFILL_ATTENTION=fa2
+#                -> RESULTS/fa2/                                                                  1200
+#   zero-copy    bench_runner.py's layerwise_zero_copy (lean MoE steps read the segments' tensors in
+#                place, SGLANG_SM120_LAYERWISE_ZERO_COPY=1; its correctness: correctness-full)     500
+#   moe-profile  bench_runner.py --profile-eager-moe: cProfile of the eager MoE steps (bs 64)     300
+#   traps        test_layerwise_traps.py, -k $TRAPS_K (default: qwen3_moe, bf16 and nvfp4)      600
+#   correctness  quick grid of test_layerwise_correctness.py, -k $CORRECTNESS_K (default: every
+#                mode of the bf16 models, the ones the lean eager MoE (default since session 7)
+#                changes; a layerwise mode needs its `full` control in the same process)      1500
+#   correctness-full  the issue's whole grid (bs {1,3,17,64,300,1024} x lengths {7,128,2000}, no
+#                SGLANG_SM120_GPU_QUICK), every mode with the control, for each of
+#                $CORRECTNESS_FULL_MODELS (default: all four tiny models) in its own pytest process,
+#                all at once on the one GPU (KV pools capped by SGLANG_SM120_GPU_MAX_TOKENS), and
+#                $CORRECTNESS_FULL_ZERO_COPY_MODELS (default qwen3_moe-bf16) beside them under
+#                SGLANG_SM120_LAYERWISE_ZERO_COPY=1 -> RESULTS/full-grid/[zero-copy/]     2400 each
+#   correctness-alone  the whole grid of $CORRECTNESS_ALONE_K (default deepseek_v2-bf16, whose bs-1
+#                cells diverged under both layerwise modes in session 10's shared-GPU run) with
+#                nothing else on the GPU, then again with upstream's MoE path (SGLANG_SM120_LEAN_MOE=0)
+#                -> RESULTS/alone/, RESULTS/alone-upstream-moe/                                   900 each
+#   eager-warmup bench_runner.py --diagnose-eager-warmup: where upstream's graphs-disabled
+#                warmup spends its time on a tiny MoE (stacks every 15 s)                        450
+# Not in the default list (a serving session of their own, ~25 min, issue 6):
+#   client-ceiling  benchmarks/client_ceiling.py: the bench_serving client alone against a synthetic
+#                1024-stream decode loop (no GPU): is the client or the server the serving limit  180
+#   serving      bench_serving_matrix.py, the three configurations on the NVFP4 Qwen3-30B-shaped
+#                checkpoint (built on the host first, ~1 min)                                   1800
+#   soak         soak.py, 10 minutes at concurrency 1024 with 2% malformed requests              1200
+#   serving-diag the layerwise server alone at concurrency 1024 with 4 clients (is one client the limit?
+#                compare with the cell's scheduler decode rate), then the soak on that server   1800
+#   serving-soak both on fewer server starts: bench_serving_matrix.py --then-soak 10 soaks the
+#                layerwise server after its cells (and a configuration whose flags resolve to
+#                another's ServerArgs reports that server's cells instead of starting it again)  2700
+#   serving-tw4  serving-soak with the streaming path widened the same way for every server:
+#                4 tokenizer workers (upstream's --tokenizer-worker-num) and 4 bench_serving
+#                clients, so the GPU side rather than one Python process sets the c1024 figure  2700
+# Needs the fork importable (PYTHONPATH=/tmp/site:python on the H200 host) and, for fp4, the
+# kernel library built (kernels_check.sh does it; SGLANG_SM120_KERNEL_LIB points at it).
+# Every step's log is RESULTS/<step>.log; the queue's own lines go to stdout with timestamps.
+# The host's copy of the tree may carry a stale .git: pass SGLANG_SM120_COMMIT=<sha> so the
+# results record the commit that was measured.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+[ $# -ge 1 ] || { sed -n '2,/^set -uo/p' "$0" | sed '$d' >&2; exit 2; }
+RES=$(mkdir -p "$1" && cd "$1" && pwd); shift
+STEPS=("$@")
+[ ${#STEPS[@]} -gt 0 ] || STEPS=(correctness-full correctness-alone prefill-fa2 runner zero-copy traps kernels fp4 lean-moe prefill-profile correctness graph-memory fp4-ncu moe-profile eager-warmup)
+KNOWN="lean-moe kernels fp4 fp4-ab w4a16-timeline fp4-ncu graph-memory runner prefill-profile prefill-fa2 zero-copy moe-profile traps correctness correctness-full correctness-alone eager-warmup client-ceiling serving soak serving-diag serving-soak serving-tw4"
+for s in "${STEPS[@]}"; do  # all checked before the first one starts
+  case " $KNOWN " in *" $s "*) ;; *) echo "measure_all.sh: unknown step $s ($KNOWN)"; exit 2 ;; esac
+done
+export SGLANG_SM120_KERNEL_LIB="${SGLANG_SM120_KERNEL_LIB:-$PWD/python/sglang/sm120/kernels/lib}"
+PY="${PYTHON:-python3}"
+FAILED=()
+say() { echo "[measure $(date +%T)] $*"; }
+step() {  # step NAME CAP CMD...
+  local name=$1 cap=$2; shift 2
+  say "$name: start (cap $cap s): $*"
+  local t0=$SECONDS
+  timeout "$cap" "$@" > "$RES/$name.log" 2>&1
+  local rc=$?
+  say "$name: rc $rc after $((SECONDS - t0)) s (124 = hit the cap); $(grep -E 'passed|failed|wrote' "$RES/$name.log" | tail -n 1)"
+  [ $rc -eq 0 ] || FAILED+=("$name")
+}
+for s in "${STEPS[@]}"; do
+  case "$s" in
+    lean-moe)
+      SGLANG_SM120_RESULTS_DIR="$RES" step lean-moe 300 "$PY" -m pytest -m gpu -q -p no:cacheprovider \
+        test/gpu/test_lean_moe.py -s ;;
+    kernels)  # a new library replaces the one SGLANG_SM120_KERNEL_LIB points at for the later steps
+      OUT="$RES/kernels-check" BENCH_CAP=0 step kernels 600 bash lab/kernels_check.sh ;;
+    fp4) step fp4 300 "$PY" benchmarks/bench_fp4_gemm.py --max-seconds 200 --results-dir "$RES" ;;
+    fp4-ab)
+      if [ -z "${FP4_AB_OLD_LIB:-}" ]; then
+        say "fp4-ab: set FP4_AB_OLD_LIB to the library to compare against"; FAILED+=(fp4-ab)
+      else
+        OLD_ENV="${FP4_AB_OLD_ENV:-}" step fp4-ab 400 bash lab/fp4_ab.sh "$FP4_AB_OLD_LIB" \
+          "$SGLANG_SM120_KERNEL_LIB" "$RES/fp4-ab" ""
+      fi ;;
+    w4a16-timeline)
+      step w4a16-timeline 120 bash -c '"${CUDA_HOME:-/usr/local/cuda}/bin/nvcc" -O3 -std=c++17 -DSM120_W4A16_TIMELINE -gencode arch=compute_90a,code=sm_90a \
+          -Icsrc csrc/*.cu lab/w4a16_timeline.cu -o "$1/w4a16_timeline" && "$1/w4a16_timeline" $2' _ "$RES" \
+          "${W4A16_TIMELINE_CASES:-640,2048,1 640,2048,1,66 512,6144,1 512,6144,1,66 7168,512,1 6144,256,8 2048,4096,1 16384,2048,1 6144,16384,1}" ;;
+    fp4-ncu)
+      NCU="${NCU:-$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -n 1)}"
+      if [ -z "$NCU" ]; then
+        say "fp4-ncu: no ncu (PATH, /opt/nvidia/nsight-compute/*/ncu, /usr/local/cuda/bin/ncu)"; FAILED+=(fp4-ncu)
+      else  # METHOD.md: leave the clocks alone (--clock-control none)
+        step fp4-ncu 300 "$NCU" --clock-control none --profile-from-start off --section SpeedOfLight \
+          --section LaunchStats --section Occupancy --section WarpStateStats --section SchedulerStats \
+          --section MemoryWorkloadAnalysis --metrics 'regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio' \
+          --log-file "$RES/fp4-ncu.txt" \
+          "$PY" lab/profile_w4a16.py --cases-out "$RES/fp4-ncu-cases.json"
+      fi ;;
+    graph-memory)
+      step graph-memory 180 "$PY" lab/graph_memory_probe.py --out "$RES/graph-memory.json" ;;
+    runner)
+      step runner 2000 "$PY" benchmarks/bench_runner.py --tag h200 --timeout 480 --results-dir "$RES" \
+        --workdir "$RES/runner-work"
+      tar -czf "$RES/runner-logs.tgz" -C "$RES" runner-work 2>/dev/null ;;
+    prefill-profile)
+      step prefill-profile 600 "$PY" lab/prefill_profile.py --tag h200 --timeout 280 \
+        --results-dir "$RES" --workdir "$RES/prefill-profile-work" ;;
+    prefill-fa2)
+      step prefill-fa2-bench 500 "$PY" benchmarks/bench_runner.py --tag h200 --configs layerwise_fa2_prefill \
+        --timeout 480 --results-dir "$RES" --workdir "$RES/runner-work"
+      mkdir -p "$RES/fa2"
+      SGLANG_SM120_LAYERWISE_PREFILL_ATTENTION=fa2 SGLANG_SM120_RESULTS_DIR="$RES/fa2" \
+        step prefill-fa2-correctness 700 "$PY" -m pytest -m gpu -q -p no:cacheprovider \
+        test/gpu/test_layerwise_correctness.py -k "qwen3_moe-bf16" ;;
+    zero-copy)
+      step zero-copy-bench 500 "$PY" benchmarks/bench_runner.py --tag h200 --configs layerwise_zero_copy \
+        --timeout 480 --results-dir "$RES" --workdir "$RES/runner-work" ;;
+    moe-profile)  # after runner: the Triton MoE kernels are compiled by then
+      step moe-profile 300 "$PY" benchmarks/bench_runner.py --profile-eager-moe --timeout 280 \
+        --results-dir "$RES" --workdir "$RES/moe-profile-work" ;;
+    traps)
+      SGLANG_SM120_RESULTS_DIR="$RES" step traps 600 "$PY" -m pytest -m gpu -q -p no:cacheprovider \
+        test/gpu/test_layerwise_traps.py -k "${TRAPS_K:-qwen3_moe}" ;;
+    correctness)
+      SGLANG_SM120_GPU_QUICK=1 SGLANG_SM120_RESULTS_DIR="$RES" step correctness 1500 "$PY" -m pytest -m gpu -q \
+        -p no:cacheprovider test/gpu/test_layerwise_correctness.py \
+        -k "${CORRECTNESS_K:-bf16}" ;;
+    correctness-full)  # one pytest process per model, side by side on the one GPU, each KV pool capped
+      mkdir -p "$RES/full-grid" "$RES/full-grid/zero-copy"
+      runs=()
+      for m in ${CORRECTNESS_FULL_MODELS:-qwen3_moe-bf16 qwen3_moe-nvfp4 deepseek_v2-bf16 deepseek_v2-nvfp4}; do
+        runs+=("$m|$m|full-grid|")
+      done
+      for m in ${CORRECTNESS_FULL_ZERO_COPY_MODELS:-qwen3_moe-bf16}; do
+        runs+=("$m-zero-copy|$m|full-grid/zero-copy|SGLANG_SM120_LAYERWISE_ZERO_COPY=1")
+      done
+      for r in "${runs[@]}"; do
+        IFS='|' read -r label k dir extra <<< "$r"
+        (
+          FAILED=()
+          [ -z "$extra" ] || export "${extra?}"  # this subshell only
+          SGLANG_SM120_GPU_MAX_TOKENS=2200000 SGLANG_SM120_TINY_DIR=/tmp/sm120-tiny \
+            SGLANG_SM120_RESULTS_DIR="$RES/$dir" step "correctness-full-$label" 2400 "$PY" -m pytest -m gpu -q \
+            -p no:cacheprovider --basetemp "/tmp/sm120-full-grid-$label" test/gpu/test_layerwise_correctness.py -k "$k"
+          [ ${#FAILED[@]} -eq 0 ] || touch "$RES/full-grid/$label.failed"
+        ) &
+        sleep "${CORRECTNESS_FULL_STAGGER_S:-15}"  # engine start-ups pick free ports by probing
+      done
+      wait
+      for f in "$RES"/full-grid/*.failed; do [ -e "$f" ] && FAILED+=("correctness-full-$(basename "$f" .failed)"); done ;;
+    correctness-alone)  # one process at a time: is a divergence the GPU's sharing, or the lean MoE?
+      mkdir -p "$RES/alone" "$RES/alone-upstream-moe"
+      for k in ${CORRECTNESS_ALONE_K:-deepseek_v2-bf16}; do
+        SGLANG_SM120_TINY_DIR=/tmp/sm120-tiny SGLANG_SM120_RESULTS_DIR="$RES/alone" \
+          step "correctness-alone-$k" 900 "$PY" -m pytest -m gpu -q -p no:cacheprovider \
+          --basetemp "/tmp/sm120-alone-$k" test/gpu/test_layerwise_correctness.py -k "$k"
+        SGLANG_SM120_LEAN_MOE=0 SGLANG_SM120_TINY_DIR=/tmp/sm120-tiny SGLANG_SM120_RESULTS_DIR="$RES/alone-upstream-moe" \
+          step "correctness-alone-$k-upstream-moe" 900 "$PY" -m pytest -m gpu -q -p no:cacheprovider \
+          --basetemp "/tmp/sm120-alone-$k-upstream-moe" test/gpu/test_layerwise_correctness.py -k "$k"
+      done ;;
+    eager-warmup)
+      step eager-warmup 450 "$PY" benchmarks/bench_runner.py --diagnose-eager-warmup --timeout 400 \
+        --results-dir "$RES" --workdir "$RES/eager-warmup-work"
+      ;;
+    serving)
+      step serving 1800 "$PY" benchmarks/bench_serving_matrix.py --tag h200 --results-dir "$RES" \
+        --workdir "$RES/serving-work" --copy-to "$RES/serving-copy" ;;
+    client-ceiling)
+      step client-ceiling 180 "$PY" benchmarks/client_ceiling.py --out "$RES/client-ceiling.json" ;;
+    serving-diag)
+      step serving-diag 1800 "$PY" benchmarks/bench_serving_matrix.py --tag h200-diag --configs layerwise \
+        --concurrency 1024 --client-procs 4 --then-soak 10 --results-dir "$RES" \
+        --workdir "$RES/serving-work" --copy-to "$RES/serving-copy" ;;
+    serving-soak)
+      step serving-soak 2700 "$PY" benchmarks/bench_serving_matrix.py --tag h200 --then-soak 10 \
+        --results-dir "$RES" --workdir "$RES/serving-work" --copy-to "$RES/serving-copy" ;;
+    serving-tw4)
+      step serving-tw4 2700 "$PY" benchmarks/bench_serving_matrix.py --tag h200-tw4 --then-soak 10 \
+        --client-procs 4 --server-args "--tokenizer-worker-num 4" --results-dir "$RES" \
+        --workdir "$RES/serving-work" --copy-to "$RES/serving-copy" ;;
+    soak)
+      step soak 1200 "$PY" benchmarks/soak.py --tag h200 --minutes 10 --results-dir "$RES" \
+        --copy-to "$RES/soak-copy" ;;
+  esac
+done
+say "done; failed steps: ${FAILED[*]:-none}"
+[ ${#FAILED[@]} -eq 0 ]
