@@ -16,8 +16,9 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from wheelhouse_lib.compat import Requirement, canonicalize_name
-from wheelhouse_lib.wheelfile import read_metadata
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "deploy"))
+from wheelhouse_lib.compat import Requirement, canonicalize_name  # noqa: E402
+from wheelhouse_lib.wheelfile import read_metadata  # noqa: E402
 
 GPU_ONLY = {
     "sglang-kernel": "sgl_kernel's CUDA ops (1.1 GB); its import needs libcuda.so.1",
