@@ -380,8 +380,47 @@ def test_demo_dry_run_builds_once_and_prints_the_server_command(tmp_path, capsys
     assert cmd and f"--model-path {model_dir}" in cmd[0] and "--port 30555" in cmd[0]
     # passed-through flags come after the defaults, so they win in sglang's argparse
     assert cmd[0].index("--attention-backend triton") < cmd[0].index("--attention-backend flashinfer")
+    assert "--enable-piecewise-cuda-graph" in cmd[0]  # the demo shows the fork's runner
     assert demo.main(args) == 0
     assert "using cached model" in capsys.readouterr().err
+
+
+def test_demo_how_to_serve_names_a_real_model_launch(capsys):
+    from sglang.sm120 import demo
+    assert demo.main(["--how-to-serve"]) == 0
+    out = capsys.readouterr().out
+    assert "sglang.launch_server" in out and "--enable-piecewise-cuda-graph" in out and "--tp 8" in out
+
+
+def test_demo_serve_reports_ready_time_and_answer(monkeypatch, capsys):
+    """serve() against a fake server process: ready time, the greedy answer, the real-model hint,
+    and the server stopped after --once; a server that dies before ready is an error (1)."""
+    from sglang.sm120 import demo
+
+    class Proc:
+        returncode = None
+        def __init__(self, dead=False):
+            self.dead, self.signals = dead, []
+        def poll(self):
+            return 3 if self.dead else None
+        def send_signal(self, sig):
+            self.signals.append(sig)
+            self.dead = True
+        def wait(self, timeout=None):
+            return 0
+
+    procs = []
+    monkeypatch.setattr(demo.subprocess, "Popen", lambda cmd: procs.append(Proc()) or procs[-1])
+    monkeypatch.setattr(demo, "_get", lambda url, timeout=5.0: 200)
+    monkeypatch.setattr(demo, "greedy_answer", lambda url: " Paris.")
+    assert demo.serve(["srv"], "http://127.0.0.1:1", once=True, ready_timeout=5) == 0
+    err = capsys.readouterr().err
+    assert "ready in" in err and "' Paris.'" in err and "sglang.launch_server" in err
+    assert procs[0].signals  # stopped after the answer
+
+    monkeypatch.setattr(demo.subprocess, "Popen", lambda cmd: Proc(dead=True))
+    assert demo.serve(["srv"], "http://127.0.0.1:1", once=True, ready_timeout=5) == 1
+    assert "exited with code 3" in capsys.readouterr().err
 
 
 def test_serving_targets_from_recorded_results():

@@ -1,8 +1,9 @@
-"""python -m sglang.sm120.demo [--arch ...] [--quant ...] [--port 30000] [extra server args]
+"""python -m sglang.sm120.demo [--arch ...] [--quant ...] [--port 30000] [--once] [extra server args]
 
-Serve a tiny random-weight MoE model with sglang in one command: builds the model into
-~/.cache/sglang-sm120/tiny/<arch>-<quant>-<seed> unless it is already there, then replaces this
-process with `python -m sglang.launch_server` using flags that start fast on a fresh host.
+Serve a tiny random-weight MoE model with the fork's layerwise CUDA-graph runner in one command:
+build the model into ~/.cache/sglang-sm120/tiny/<arch>-<quant>-<seed> unless it is already there,
+start `python -m sglang.launch_server` on it with `--enable-piecewise-cuda-graph`, wait until it
+answers, print the time to ready and one greedy answer, then keep serving (or stop, with --once).
 Arguments this launcher does not know are passed to the server after its defaults, so they win
 (e.g. `--attention-backend flashinfer`).
 """
@@ -12,20 +13,32 @@ import argparse
 import json
 import os
 import shlex
+import signal
+import subprocess
 import sys
+import time
+import urllib.error
+import urllib.request
 from typing import List, Optional
 
-# Fast start on a fresh host: no FlashInfer JIT for attention or sampling, no CUDA graph
-# capture, a small KV pool; the first request still pays one-time kernel compiles.
+# Triton attention and PyTorch sampling need no FlashInfer JIT, so a fresh host starts without
+# nvcc builds; the layerwise runner captures decode and prefill segments for them all the same.
 DEMO_SERVER_ARGS: List[str] = [
+    "--enable-piecewise-cuda-graph",
     "--attention-backend", "triton",
     "--sampling-backend", "pytorch",
-    "--cuda-graph-backend-decode", "disabled",
-    "--cuda-graph-backend-prefill", "disabled",
     "--mem-fraction-static", "0.3",
     "--max-total-tokens", "131072",
     "--watchdog-timeout", "1200",
 ]
+
+DEMO_PROMPT = "The capital city of France is"
+READY_TIMEOUT_S = 900  # first start on a fresh host pays Triton/Marlin compiles and graph capture
+
+REAL_MODEL_HINT = (
+    "To serve a real model, e.g. GLM-5-NVFP4 on 8 SM120 GPUs: python -m sglang.launch_server "
+    "--model-path <GLM-5-NVFP4 checkpoint> --tp 8 --enable-piecewise-cuda-graph "
+    "(README.md, 'Quick start').")
 
 
 def default_cache_root() -> str:
@@ -49,6 +62,12 @@ def parse_args(argv: Optional[List[str]] = None):
                     help="where tiny models are kept (default %(default)s)")
     ap.add_argument("--dry-run", action="store_true",
                     help="build the model and print the server command instead of running it")
+    ap.add_argument("--once", action="store_true",
+                    help="stop the server after the first answer (exit 0 when it was right)")
+    ap.add_argument("--ready-timeout", type=float, default=READY_TIMEOUT_S,
+                    help="seconds to wait for the server to answer (default %(default)s)")
+    ap.add_argument("--how-to-serve", action="store_true",
+                    help="print how to serve a real model and exit")
     return ap.parse_known_args(argv)
 
 
@@ -91,8 +110,72 @@ def _has_cuda_gpu() -> bool:
     return torch.cuda.is_available() and torch.cuda.device_count() > 0
 
 
+def _get(url: str, timeout: float = 5.0) -> int:
+    with urllib.request.urlopen(url, timeout=timeout) as r:
+        return r.status
+
+
+def wait_ready(url: str, proc: subprocess.Popen, timeout_s: float) -> float:
+    """Seconds until GET /model_info answers 200; raises if the server exits or time runs out."""
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout_s:
+        code = proc.poll()
+        if code is not None:
+            raise RuntimeError(f"the server exited with code {code} before it was ready")
+        try:
+            if _get(url + "/model_info") == 200:
+                return time.monotonic() - t0
+        except (urllib.error.URLError, OSError):
+            pass
+        time.sleep(1.0)
+    raise TimeoutError(f"the server did not answer within {timeout_s:.0f} s")
+
+
+def greedy_answer(url: str, prompt: str = DEMO_PROMPT, max_new_tokens: int = 16) -> str:
+    body = json.dumps({"text": prompt, "sampling_params": {"max_new_tokens": max_new_tokens,
+                                                           "temperature": 0}}).encode()
+    req = urllib.request.Request(url + "/generate", data=body, headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=300) as r:
+        return json.loads(r.read())["text"]
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def serve(cmd: List[str], url: str, once: bool, ready_timeout: float) -> int:
+    proc = subprocess.Popen(cmd)
+    try:
+        try:
+            ready_s = wait_ready(url, proc, ready_timeout)
+            print(f"[demo] ready in {ready_s:.1f} s at {url}", file=sys.stderr, flush=True)
+            text = greedy_answer(url)
+        except (RuntimeError, TimeoutError, urllib.error.URLError, OSError, KeyError, ValueError) as e:
+            print(f"[demo] error: {e}", file=sys.stderr)
+            return 1
+        print(f"[demo] greedy answer to {DEMO_PROMPT!r}: {text!r}", file=sys.stderr)
+        print(f"[demo] {REAL_MODEL_HINT}", file=sys.stderr, flush=True)
+        if once:
+            return 0
+        print("[demo] serving; Ctrl-C stops the server", file=sys.stderr, flush=True)
+        return proc.wait()
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        _stop(proc)
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     a, extra = parse_args(argv)
+    if a.how_to_serve:
+        print(REAL_MODEL_HINT)
+        return 0
     if a.port <= 0 or a.port > 65535:
         print(f"error: --port must be in 1..65535, got {a.port}", file=sys.stderr)
         return 2
@@ -107,15 +190,10 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 2
     cmd = server_command(model_dir, a, extra)
     url = f"http://{a.host}:{a.port}"
-    print(f"[demo] {shlex.join(cmd)}", file=sys.stderr)
-    print(f"[demo] when ready: curl {url}/generate -H 'Content-Type: application/json' "
-          f"-d '{{\"text\": \"The capital city of France is\", "
-          f"\"sampling_params\": {{\"max_new_tokens\": 16, \"temperature\": 0}}}}'",
-          file=sys.stderr, flush=True)
+    print(f"[demo] {shlex.join(cmd)}", file=sys.stderr, flush=True)
     if a.dry_run:
         return 0
-    os.execv(sys.executable, cmd)
-    return 0  # not reached
+    return serve(cmd, url, a.once, a.ready_timeout)
 
 
 if __name__ == "__main__":
