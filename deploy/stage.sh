@@ -6,7 +6,7 @@
 #   bash deploy/stage.sh .wheelhouse/part-01 [.wheelhouse/part-02 ...]
 #
 # Parts of different wheelhouse builds are refused (their manifests differ): start over with
-# `rm -rf /tmp/stage`. When every part is staged, run lab/install.sh.
+# `rm -rf /tmp/stage`. When every part is staged, run deploy/install.sh.
 set -euo pipefail
 STAGE="${STAGE_DIR:-/tmp/stage}"
 die() { echo "stage.sh: error: $*" >&2; exit 1; }
