@@ -155,7 +155,7 @@ def run(argv=None) -> int:
 
     log(f"target: CPython {target.python}, {target.cp_tag}, manylinux up to glibc {target.glibc} {target.arch}; "
         f"{len(host)} packages on the target ({host.source})")
-    pin = load_fork_pin(args.upstream_pin)
+    pin = load_fork_pin(args.upstream_pin, policy.upstream_version)  # the base the policy targets
     selector = PipSelector(target, log=log)
     root, role = root_candidate(args, policy, selector, pin)
     if pin is not None and role == "upstream" and (pin.add or pin.remove):

@@ -88,6 +88,8 @@ def build_info_source(pin: Pin, wheel_name: str, sha: str, patches: list[Patch],
         f"__version_tuple__ = {base + (pin.local,)!r}\n"
         f"UPSTREAM = {{'package': {pin.package!r}, 'version': {pin.version!r}, "
         f"'wheel': {wheel_name!r}, 'sha256': {sha!r}}}\n"
+        f"BASE = {{'version': {pin.version!r}, 'verified': {pin.verified!r}, "
+        f"'series': {pin.patch_dir.relative_to(pin.patch_dir.parent.parent).as_posix()!r}}}\n"
         f"SERIES = {[{'name': p.name, 'subject': p.subject} for p in patches]!r}\n"
         f"KERNELS = {kernels!r}\n"
     )
@@ -97,7 +99,8 @@ def build_wheel(out_dir: Path, python_tag: str | None = None) -> Path:
     pin = load_pin()
     tag = python_tag or running_python_tag()
     filename = pin.wheel_for(tag)
-    patches = load_series(REPO / "patches")  # fail on a bad series before any download
+    log(f"base: {pin.package} {pin.version}" + (" (default)" if pin.default else " (SGLANG_SM120_BASE)"))
+    patches = load_series(pin.patch_dir)  # fail on a bad series before any download
     wheel, sha = fetch_pinned(pin, tag)
     log(f"upstream {filename} (sha256 {sha[:12]}... verified)")
     members = read_upstream(wheel)

@@ -1,6 +1,13 @@
-"""UPSTREAM.toml: what upstream release is pinned, its artifact hashes, the fork version."""
+"""UPSTREAM.toml: the supported upstream releases (bases), their artifact hashes, the fork version.
+
+One tree builds against several upstream releases. Each base has its own table (wheels and
+their sha256, deliberate Requires-Dist changes) and its own patch series in patches/<version>/;
+the overlay is shared. SGLANG_SM120_BASE picks the base; unset, the build takes
+[upstream].default (the latest supported release).
+"""
 from __future__ import annotations
 
+import os
 import sys
 import tomllib
 from dataclasses import dataclass, field
@@ -9,6 +16,7 @@ from pathlib import Path
 from .errors import BuildError
 
 REPO = Path(__file__).resolve().parent.parent
+ENV_BASE = "SGLANG_SM120_BASE"
 
 
 @dataclass(frozen=True)
@@ -26,6 +34,9 @@ class Pin:
     wheels: dict[str, str]
     add: tuple[RequirementChange, ...] = field(default_factory=tuple)
     remove: tuple[RequirementChange, ...] = field(default_factory=tuple)
+    patch_dir: Path = REPO / "patches"
+    verified: str = ""
+    default: bool = False
 
     @property
     def fork_version(self) -> str:
@@ -47,34 +58,58 @@ def running_python_tag() -> str:
     return f"cp{sys.version_info.major}{sys.version_info.minor}"
 
 
-def _changes(entries, key: str) -> tuple[RequirementChange, ...]:
+def _changes(entries, where: str) -> tuple[RequirementChange, ...]:
     out = []
     for e in entries:
         if not isinstance(e, dict) or not e.get("requirement") or not e.get("reason"):
-            raise BuildError(f"UPSTREAM.toml [requires_dist].{key}: every entry needs 'requirement' and 'reason'")
+            raise BuildError(f"UPSTREAM.toml {where}: every entry needs 'requirement' and 'reason'")
         out.append(RequirementChange(e["requirement"], e["reason"]))
     return tuple(out)
 
 
-def load_pin(path: Path | None = None) -> Pin:
-    path = path or REPO / "UPSTREAM.toml"
+def _read(path: Path) -> dict:
     try:
-        data = tomllib.loads(path.read_text())
+        return tomllib.loads(path.read_text())
     except FileNotFoundError:
         raise BuildError(f"{path}: missing") from None
     except tomllib.TOMLDecodeError as e:
         raise BuildError(f"{path}: {e}") from None
+
+
+def bases(path: Path | None = None) -> list[str]:
+    """Every supported upstream version, in file order."""
+    path = path or REPO / "UPSTREAM.toml"
+    return list(_read(path).get("base", {}))
+
+
+def load_pin(path: Path | None = None, base: str | None = None) -> Pin:
+    """The pin of one base: `base`, else $SGLANG_SM120_BASE, else [upstream].default."""
+    path = path or REPO / "UPSTREAM.toml"
+    data = _read(path)
     try:
-        up, fork = data["upstream"], data["fork"]
-        req = data.get("requires_dist", {})
-        return Pin(
-            package=up["package"],
-            version=up["version"],
-            index=up.get("index", "https://pypi.org/simple"),
-            local=fork["local"],
-            wheels=dict(up["wheels"]),
-            add=_changes(req.get("add", []), "add"),
-            remove=_changes(req.get("remove", []), "remove"),
-        )
+        up, fork, table = data["upstream"], data["fork"], data["base"]
+        default = up["default"]
     except KeyError as e:
         raise BuildError(f"{path}: missing key {e}") from None
+    version = base or os.environ.get(ENV_BASE) or default
+    if version not in table:
+        how = f"{ENV_BASE}={version}" if not base and os.environ.get(ENV_BASE) else f"base {version}"
+        raise BuildError(f"{how}: not a supported upstream release; UPSTREAM.toml has {', '.join(table)}")
+    b = table[version]
+    try:
+        req = b.get("requires_dist", {})
+        where = f'[base."{version}".requires_dist]'
+        return Pin(
+            package=up["package"],
+            version=version,
+            index=up.get("index", "https://pypi.org/simple"),
+            local=fork["local"],
+            wheels=dict(b["wheels"]),
+            add=_changes(req.get("add", []), where + ".add"),
+            remove=_changes(req.get("remove", []), where + ".remove"),
+            patch_dir=path.parent / "patches" / version,
+            verified=b.get("verified", ""),
+            default=version == default,
+        )
+    except KeyError as e:
+        raise BuildError(f'{path}: [base."{version}"] lacks key {e}') from None

@@ -16,21 +16,23 @@ def pinned_upstream():
 
 
 def check() -> None:
-    patches = load_series(REPO / "patches")
+    pin = load_pin()
+    patches = load_series(pin.patch_dir)
     members = pinned_upstream()
     patched_members(members, patches)
     check_shadow(list_overlay(REPO / "python"), members)
-    log(f"series of {len(patches)} patch(es) applies strictly; overlay shadows nothing upstream")
+    log(f"base {pin.version}: series of {len(patches)} patch(es) applies strictly; overlay shadows nothing upstream")
 
 
 def write_tree(out: Path, upto: str | None = None) -> None:
     """out/python/sglang/... = upstream's package with the series (up to `upto`) applied."""
-    names = read_series(REPO / "patches")
+    patch_dir = load_pin().patch_dir
+    names = read_series(patch_dir)
     if upto is not None:
         if upto not in names:
-            raise BuildError(f"--upto {upto}: not in patches/series")
+            raise BuildError(f"--upto {upto}: not in {patch_dir.name}/series")
         names = names[: names.index(upto) + 1]
-    patches = [p for p in load_series(REPO / "patches") if p.name in names]
+    patches = [p for p in load_series(patch_dir) if p.name in names]
     if out.exists() and any(out.iterdir()):
         raise BuildError(f"{out}: exists and is not empty")
     members = pinned_upstream()

@@ -1,11 +1,13 @@
 #!/usr/bin/env python3
-"""Rebase the patch series onto another upstream sglang release.
+"""Rebase a base's patch series onto another upstream sglang release.
 
-    python tools/rebase.py --onto 0.5.23 --out DIR
+    python tools/rebase.py --from 0.5.16 --onto 0.5.23 --out DIR
 
-Writes DIR/patches/ (series + refreshed patches; conflicting ones commented out in the series
+--from names a base in UPSTREAM.toml (default: $SGLANG_SM120_BASE, else the default base); its
+series is patches/<from>/. --onto may be another pinned base (its wheel is hash-checked) or any
+release on the index. Writes DIR/patches/ (series + refreshed patches; conflicting ones commented out in the series
 and kept unrefreshed), DIR/report.json and DIR/report.md; with --keep-merged also
-DIR/conflicts/ (the merged files with conflict markers, to resolve by hand). `--onto` the pinned version is the identity.
+DIR/conflicts/ (the merged files with conflict markers, to resolve by hand). `--onto` the --from version is the identity.
 Upstream wheels are cached (SGLANG_SM120_CACHE), never committed.
 """
 from __future__ import annotations
@@ -20,7 +22,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from forkbuild.build import read_upstream, source_reader  # noqa: E402
-from forkbuild.config import load_pin, running_python_tag  # noqa: E402
+from forkbuild.config import bases, load_pin, running_python_tag  # noqa: E402
 from forkbuild.errors import BuildError, log  # noqa: E402
 from forkbuild.patches import load_series  # noqa: E402
 from forkbuild.rebase import CLEAN, CONFLICT, MERGED, rebase_series  # noqa: E402
@@ -34,8 +36,8 @@ def upstream_wheel(version: str, pin, given: str | None) -> Path:
             raise BuildError(f"{given}: no such wheel")
         return p
     tag = running_python_tag()
-    if version == pin.version:
-        return fetch_pinned(pin, tag)[0]
+    if version in bases():
+        return fetch_pinned(load_pin(base=version), tag)[0]
     prefix = f"{pin.package}-{version}-{tag}-{tag}-"
     cached = sorted(cache_dir().glob(prefix + "*x86_64.whl"))
     if cached:
@@ -49,7 +51,8 @@ def upstream_wheel(version: str, pin, given: str | None) -> Path:
     return fetch_wheel(sorted(names)[0], pin.package, pin.index, None)[0]
 
 
-def write_outputs(out: Path, outcomes, base: dict, onto: dict, keep_merged: bool = False) -> dict:
+def write_outputs(out: Path, outcomes, base: dict, onto: dict, keep_merged: bool,
+                  series_dir: Path) -> dict:
     pdir = out / "patches"
     if pdir.exists():
         shutil.rmtree(pdir)
@@ -58,7 +61,7 @@ def write_outputs(out: Path, outcomes, base: dict, onto: dict, keep_merged: bool
     for o in outcomes:
         if o.status == CONFLICT:
             conflicted.add(o.name)
-            shutil.copy(REPO / "patches" / o.name, pdir / o.name)
+            shutil.copy(series_dir / o.name, pdir / o.name)
             for f, text in o.merged_files.items() if keep_merged else ():
                 dest = out / "conflicts" / o.name / f
                 dest.parent.mkdir(parents=True, exist_ok=True)
@@ -67,7 +70,7 @@ def write_outputs(out: Path, outcomes, base: dict, onto: dict, keep_merged: bool
             (pdir / o.name).write_text(o.text)
     # The series file is kept as it is (comments too) so that a rebase onto the same release is
     # the identity; a conflicting patch is commented out, never dropped silently.
-    lines = (REPO / "patches" / "series").read_text().splitlines(keepends=True)
+    lines = (series_dir / "series").read_text().splitlines(keepends=True)
     (pdir / "series").write_text("".join(
         f"# CONFLICT (see report.md): {l}" if l.strip() in conflicted else l for l in lines
     ))
@@ -93,6 +96,8 @@ def write_outputs(out: Path, outcomes, base: dict, onto: dict, keep_merged: bool
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--from", dest="base", help="base whose series to rebase (default: $SGLANG_SM120_BASE, "
+                    "else UPSTREAM.toml's default)")
     ap.add_argument("--onto", required=True, help="upstream version to rebase onto, e.g. 0.5.23")
     ap.add_argument("--out", required=True, help="output folder")
     ap.add_argument("--onto-wheel", help="use this wheel as the new upstream (offline)")
@@ -102,14 +107,15 @@ def main(argv=None) -> int:
                     "(upstream text: keep it out of commits)")
     a = ap.parse_args(argv)
     try:
-        pin = load_pin()
-        patches = load_series(REPO / "patches")
+        pin = load_pin(base=a.base)
+        patches = load_series(pin.patch_dir)
         old_wheel = upstream_wheel(pin.version, pin, a.base_wheel)
         new_wheel = upstream_wheel(a.onto, pin, a.onto_wheel)
         log(f"rebasing {len(patches)} patch(es): {old_wheel.name} -> {new_wheel.name}")
         outcomes = rebase_series(patches, source_reader(read_upstream(old_wheel)), source_reader(read_upstream(new_wheel)))
         desc = lambda v, w: {"package": pin.package, "version": v, "wheel": w.name, "sha256": sha256_of(w)}
-        report = write_outputs(Path(a.out), outcomes, desc(pin.version, old_wheel), desc(a.onto, new_wheel), a.keep_merged)
+        report = write_outputs(Path(a.out), outcomes, desc(pin.version, old_wheel), desc(a.onto, new_wheel), a.keep_merged,
+                               pin.patch_dir)
     except BuildError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

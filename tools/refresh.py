@@ -7,6 +7,7 @@
         --upstream-status U --drop-when D                append a new patch from the edited DIR
 
 `update` expects DIR checked out with --upto NAME; `new` expects the whole series applied.
+The series edited is the base's (patches/<version>/, SGLANG_SM120_BASE picks the base).
 Headers are kept verbatim on update; the rest of the series must still apply strictly.
 """
 from __future__ import annotations
@@ -19,13 +20,13 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from forkbuild.build import patched_members  # noqa: E402
+from forkbuild.config import load_pin  # noqa: E402
 from forkbuild.errors import BuildError, log  # noqa: E402
 from forkbuild.patches import (  # noqa: E402
     file_diff, load_series, new_preamble, parse_patch, read_series, render,
 )
 from forkbuild.tree import pinned_upstream, write_tree  # noqa: E402
 
-PATCHES = REPO / "patches"
 
 
 def diff_tree(base: dict[str, str], tree: Path, upstream_names: set[str]) -> list[str]:
@@ -65,11 +66,11 @@ def verify_series(members, patches) -> None:
     patched_members(members, patches)
 
 
-def cmd_update(name: str, tree: Path) -> None:
-    names = read_series(PATCHES)
+def cmd_update(name: str, tree: Path, patch_dir: Path) -> None:
+    names = read_series(patch_dir)
     if name not in names:
-        raise BuildError(f"{name}: not in patches/series")
-    series = load_series(PATCHES)
+        raise BuildError(f"{name}: not in {patch_dir.name}/series")
+    series = load_series(patch_dir)
     idx = names.index(name)
     members = pinned_upstream()
     diffs = diff_tree(base_texts(members, series[:idx]), tree, set(members))
@@ -78,27 +79,27 @@ def cmd_update(name: str, tree: Path) -> None:
     text = render(series[idx].preamble, diffs)
     series[idx] = parse_patch(name, text)
     verify_series(members, series)
-    (PATCHES / name).write_text(text)
-    log(f"rewrote patches/{name} ({len(diffs)} file(s)); the series still applies strictly")
+    (patch_dir / name).write_text(text)
+    log(f"rewrote {patch_dir.relative_to(REPO)}/{name} ({len(diffs)} file(s)); the series still applies strictly")
 
 
-def cmd_new(name: str, tree: Path, fields: dict[str, str]) -> None:
+def cmd_new(name: str, tree: Path, fields: dict[str, str], patch_dir: Path) -> None:
     if not name.endswith(".patch") or "/" in name:
         raise BuildError(f"{name}: patch names look like NNNN-what-it-does.patch")
-    if (PATCHES / name).exists():
-        raise BuildError(f"patches/{name} exists: use 'update'")
-    series = load_series(PATCHES)
+    if (patch_dir / name).exists():
+        raise BuildError(f"{patch_dir.relative_to(REPO)}/{name} exists: use 'update'")
+    series = load_series(patch_dir)
     members = pinned_upstream()
     diffs = diff_tree(base_texts(members, series), tree, set(members))
     if not diffs:
         raise BuildError(f"{tree}: no changes against the current series: nothing to write")
     text = render(new_preamble(fields), diffs)
     verify_series(members, series + [parse_patch(name, text)])
-    (PATCHES / name).write_text(text)
-    series_text = (PATCHES / "series").read_text()
+    (patch_dir / name).write_text(text)
+    series_text = (patch_dir / "series").read_text()
     sep = "" if series_text.endswith("\n") or not series_text else "\n"
-    (PATCHES / "series").write_text(series_text + sep + name + "\n")
-    log(f"added patches/{name} ({len(diffs)} file(s)) to the end of patches/series")
+    (patch_dir / "series").write_text(series_text + sep + name + "\n")
+    log(f"added {patch_dir.relative_to(REPO)}/{name} ({len(diffs)} file(s)) to the end of its series")
 
 
 def main(argv=None) -> None:
@@ -117,15 +118,16 @@ def main(argv=None) -> None:
         n.add_argument(f"--{flag}", required=True)
     a = ap.parse_args(argv)
     try:
+        patch_dir = load_pin().patch_dir
         if a.cmd == "checkout":
             write_tree(Path(a.dir), upto=a.upto)
         elif a.cmd == "update":
-            cmd_update(a.name, Path(a.tree))
+            cmd_update(a.name, Path(a.tree), patch_dir)
         else:
             cmd_new(a.name, Path(a.tree), {
                 "Subject": a.subject, "Why": a.why, "How": a.how,
                 "Upstream status": a.upstream_status, "Drop when": a.drop_when,
-            })
+            }, patch_dir)
     except BuildError as e:
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(1)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 # UPSTREAM.toml has one reader: the fork build's own (forkbuild/ at the repository root).
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from forkbuild.config import load_pin  # noqa: E402
+from forkbuild.config import bases, load_pin  # noqa: E402
 from forkbuild.errors import BuildError  # noqa: E402
 
 
@@ -31,11 +31,12 @@ class ForkPin:
     source: str
 
 
-def load_fork_pin(path: Path) -> ForkPin | None:
+def load_fork_pin(path: Path, version: str | None = None) -> ForkPin | None:
+    """The pin of base `version` when UPSTREAM.toml has it, else of the build's chosen base."""
     if not path.is_file():
         return None
     try:
-        pin = load_pin(path)
+        pin = load_pin(path, base=version if version in bases(path) else None)
     except BuildError as e:
         raise ForkPinError(f"--upstream-pin {path}: cannot read the upstream pin ({e})") from None
     return ForkPin(

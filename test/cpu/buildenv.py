@@ -16,6 +16,11 @@ from forkbuild.upstream import fetch_pinned  # noqa: E402
 BUILD_PARTS = ("setup.py", "pyproject.toml", "UPSTREAM.toml", "forkbuild", "patches", "python")
 
 
+def series_dir(repo: Path = REPO) -> Path:
+    """The chosen base's patch series folder (patches/<version>/) in `repo`."""
+    return repo / "patches" / load_pin().version
+
+
 def pinned_wheel() -> Path:
     return fetch_pinned(load_pin(), running_python_tag())[0]
 

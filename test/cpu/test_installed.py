@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from buildenv import REPO, load_pin
+from buildenv import load_pin, series_dir
 from forkbuild.patches import read_series
 
 try:
@@ -42,9 +42,10 @@ def test_info_reports_base_series_and_kernels():
     info = json.loads(proc.stdout)
     pin = load_pin()
     assert info["version"] == pin.fork_version
-    assert info["upstream"]["version"] == pin.version
+    assert info["upstream"]["version"] == info["base"]["version"] == pin.version
+    assert info["base"]["verified"] == pin.verified and info["base"]["series"] == f"patches/{pin.version}"
     assert info["upstream"]["sha256"] == pin.wheels[info["upstream"]["wheel"]]
-    assert [p["name"] for p in info["series"]] == read_series(REPO / "patches")
+    assert [p["name"] for p in info["series"]] == read_series(series_dir())
     assert all(p["subject"] for p in info["series"])
     assert set(info["kernels"]["archs"]) <= {"sm_90a", "sm_100a", "sm_120a"}
     assert bool(info["kernels"]["archs"]) == bool(info["kernels"]["kernels"])

@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from buildenv import REPO
+from buildenv import REPO, load_pin, series_dir
 from forkbuild.errors import BuildError
 from forkbuild.patches import file_diff, new_preamble, parse_patch
 from forkbuild.rebase import CLEAN, CONFLICT, MERGED, rebase_series
@@ -78,10 +78,11 @@ def test_series_not_matching_old_base_is_an_error():
 
 def test_cli_onto_pinned_release_is_identity(tmp_path):
     out = tmp_path / "rebase"
-    proc = subprocess.run([sys.executable, str(REPO / "tools" / "rebase.py"), "--onto", "0.5.16", "--out", str(out)],
-                          capture_output=True, text=True, timeout=300)
+    base = load_pin().version
+    proc = subprocess.run([sys.executable, str(REPO / "tools" / "rebase.py"), "--from", base, "--onto", base,
+                           "--out", str(out)], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
-    for f in (REPO / "patches").iterdir():
+    for f in series_dir().iterdir():
         assert (out / "patches" / f.name).read_bytes() == f.read_bytes(), f.name
     report = json.loads((out / "report.json").read_text())
     assert report["summary"] == {"clean": len(report["patches"]), "merged": 0, "conflict": 0}

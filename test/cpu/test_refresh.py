@@ -3,7 +3,7 @@ import shutil
 import subprocess
 import sys
 
-from buildenv import scratch_repo
+from buildenv import scratch_repo, series_dir
 
 
 def refresh(repo, *args):
@@ -16,18 +16,18 @@ def test_update_roundtrip_and_new_patch(tmp_path):
     (repo / "tools").mkdir()
     shutil.copy(scratch_repo.__globals__["REPO"] / "tools" / "refresh.py", repo / "tools" / "refresh.py")
     name = "0001-fork-version-identity.patch"
-    original = (repo / "patches" / name).read_text()
+    original = (series_dir(repo) / name).read_text()
     tree = tmp_path / "tree"
     assert refresh(repo, "checkout", str(tree), "--upto", name).returncode == 0
     # An unedited tree regenerates the very same patch.
     proc = refresh(repo, "update", name, "--tree", str(tree))
     assert proc.returncode == 0, proc.stderr
-    assert (repo / "patches" / name).read_text() == original
+    assert (series_dir(repo) / name).read_text() == original
     version = tree / "python" / "sglang" / "version.py"
     version.write_text(version.read_text() + "# one more line\n")
     proc = refresh(repo, "update", name, "--tree", str(tree))
     assert proc.returncode == 0, proc.stderr
-    updated = (repo / "patches" / name).read_text()
+    updated = (series_dir(repo) / name).read_text()
     assert updated.split("---\n", 1)[0] == original.split("---\n", 1)[0]  # header kept verbatim
     assert "+# one more line\n" in updated
 

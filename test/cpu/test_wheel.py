@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from buildenv import REPO, load_pin, pinned_wheel, run_build, scratch_repo
+from buildenv import REPO, load_pin, pinned_wheel, run_build, scratch_repo, series_dir
 
 sys_path_forkbuild = str(REPO)
 
@@ -117,7 +117,7 @@ def _series():
     sys.path.insert(0, sys_path_forkbuild)
     from forkbuild.patches import load_series
 
-    return load_series(REPO / "patches")
+    return load_series(series_dir())
 
 
 def test_pip_install_dot_builds_and_installs_the_fork(tmp_path):

@@ -523,9 +523,10 @@ reason = "host has tok 0.23.2"
     freeze = tmp_path / "freeze.txt"
     freeze.write_text("numpy==2.5.2\ntrf==5.17.0\ntok==0.23.2\n")
     pin = tmp_path / "UPSTREAM.toml"  # the fork build's pin: its Requires-Dist changes must be resolved too
-    pin.write_text('[upstream]\npackage = "sglang"\nversion = "0.5.16"\n[fork]\nlocal = "sm120.1"\n[upstream.wheels]\n'
+    pin.write_text('[upstream]\npackage = "sglang"\ndefault = "0.5.16"\n[fork]\nlocal = "sm120.1"\n'
+                   '[base."0.5.16".wheels]\n'
                    f'"{wheels["sglang"].name}" = "{sha256_of(wheels["sglang"])}"\n'
-                   '[requires_dist]\nadd = [{requirement = "forkdep>=1", reason = "fork needs it"}]\n'
+                   '[base."0.5.16".requires_dist]\nadd = [{requirement = "forkdep>=1", reason = "fork needs it"}]\n'
                    'remove = [{requirement = "numpy", reason = "fork drops it"}]\n')
     monkeypatch.setattr(wheelhouse, "PipSelector", FakePip)
     out = tmp_path / "wh"
@@ -549,10 +550,10 @@ reason = "host has tok 0.23.2"
                  "+forkdep>=1, -numpy"):
         assert word in text
     # The pin and the policy must name the same upstream release.
-    pin.write_text(pin.read_text().replace('version = "0.5.16"', 'version = "0.5.17"'))
+    pin.write_text(pin.read_text().replace('"0.5.16"', '"0.5.17"'))
     rc = wheelhouse.main(["--out", str(tmp_path / "wh3"), *common])
     assert rc == 2 and "differs from" in capsys.readouterr().err
-    pin.write_text(pin.read_text().replace('version = "0.5.17"', 'version = "0.5.16"'))
+    pin.write_text(pin.read_text().replace('"0.5.17"', '"0.5.16"'))
     # Without the conflict decision for tok the tool refuses and says what to add.
     policy.write_text(policy.read_text().replace('[conflict.tok]\nuse = "host"\nreason = "patch release; pin relaxed below"\n', ""))
     rc = wheelhouse.main(["--exclude-from", str(freeze), "--out", str(tmp_path / "wh2"), *common])

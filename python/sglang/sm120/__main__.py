@@ -9,7 +9,7 @@ from sglang.sm120.build_info import build_info
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m sglang.sm120", description="sglang-sm120 fork tools")
     sub = ap.add_subparsers(dest="cmd", required=True)
-    sub.add_parser("info", help="print the upstream base, applied series and built kernels as JSON")
+    sub.add_parser("info", help="print the upstream base (version, what it is verified on), applied series and built kernels as JSON")
     ap.parse_args(argv)
     info = build_info()
     print(json.dumps(info, indent=2))

@@ -9,6 +9,7 @@ def build_info() -> dict:
         return {"version": None, "note": "not a fork build (source checkout): no _build_info"}
     return {
         "version": b.__version__,
+        "base": dict(b.BASE),
         "upstream": dict(b.UPSTREAM),
         "series": [dict(p) for p in b.SERIES],
         "kernels": dict(b.KERNELS),
