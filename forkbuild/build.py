@@ -7,6 +7,7 @@ import tempfile
 import zipfile
 from pathlib import Path
 
+from .anchors import check_anchors, member_reader
 from .config import REPO, Pin, load_pin, running_python_tag
 from .errors import BuildError, log
 from .overlay import check_shadow, list_overlay
@@ -108,6 +109,8 @@ def build_wheel(out_dir: Path, python_tag: str | None = None) -> Path:
     for name, text in patched_members(members, patches).items():
         members[name].data = text.encode()
     log(f"applied {len(patches)} patch(es): {', '.join(p.name for p in patches) or '-'}")
+    n = check_anchors(REPO, member_reader(members), pin.version)
+    log(f"upstream anchors: all {n} declared for {pin.version} present (sglang/sm120/upstream_api.py)")
 
     overlay = list_overlay(REPO / "python")
     check_shadow(overlay, members)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from .anchors import check_anchors, member_reader
 from .build import patched_members, read_upstream
 from .config import REPO, load_pin, running_python_tag
 from .errors import BuildError, log
@@ -19,9 +20,11 @@ def check() -> None:
     pin = load_pin()
     patches = load_series(pin.patch_dir)
     members = pinned_upstream()
-    patched_members(members, patches)
+    patched = patched_members(members, patches)
     check_shadow(list_overlay(REPO / "python"), members)
-    log(f"base {pin.version}: series of {len(patches)} patch(es) applies strictly; overlay shadows nothing upstream")
+    n = check_anchors(REPO, member_reader(members, patched), pin.version)
+    log(f"base {pin.version}: series of {len(patches)} patch(es) applies strictly; overlay shadows nothing "
+        f"upstream; all {n} upstream anchors present")
 
 
 def write_tree(out: Path, upto: str | None = None) -> None:

@@ -21,6 +21,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from forkbuild.anchors import load_api  # noqa: E402
 from forkbuild.build import read_upstream, source_reader  # noqa: E402
 from forkbuild.config import bases, load_pin, running_python_tag  # noqa: E402
 from forkbuild.errors import BuildError, log  # noqa: E402
@@ -51,8 +52,15 @@ def upstream_wheel(version: str, pin, given: str | None) -> Path:
     return fetch_wheel(sorted(names)[0], pin.package, pin.index, None)[0]
 
 
+def anchor_status(read_new, from_base: str, onto: str) -> dict[str, str]:
+    """Each upstream anchor on the new release: its declaration for `onto` when upstream_api.py
+    has that base, else the --from base's declaration (does it still hold there?)."""
+    api = load_api(REPO)
+    return api.status(read_new, onto if onto in api.BASES else from_base)
+
+
 def write_outputs(out: Path, outcomes, base: dict, onto: dict, keep_merged: bool,
-                  series_dir: Path) -> dict:
+                  series_dir: Path, anchors: dict[str, str] | None = None) -> dict:
     pdir = out / "patches"
     if pdir.exists():
         shutil.rmtree(pdir)
@@ -75,21 +83,28 @@ def write_outputs(out: Path, outcomes, base: dict, onto: dict, keep_merged: bool
         f"# CONFLICT (see report.md): {l}" if l.strip() in conflicted else l for l in lines
     ))
     counts = {s: sum(o.status == s for o in outcomes) for s in (CLEAN, MERGED, CONFLICT)}
+    anchors = anchors or {}
+    anchor_counts = {k: sum(v.startswith(k) for v in anchors.values()) for k in ("ok", "absent", "MISSING")}
     report = {
-        "base": base, "onto": onto, "summary": counts,
+        "base": base, "onto": onto, "summary": counts, "anchor_summary": anchor_counts, "anchors": anchors,
         "patches": [{"name": o.name, "status": o.status, "files": o.files, "conflicts": o.conflicts} for o in outcomes],
     }
     (out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
     md = [
         f"# Rebase of the series: {base['package']} {base['version']} -> {onto['version']}", "",
         f"Base wheel `{base['wheel']}` (sha256 `{base['sha256']}`); onto `{onto['wheel']}` (sha256 `{onto['sha256']}`).", "",
-        f"Summary: {counts[CLEAN]} clean, {counts[MERGED]} merged, {counts[CONFLICT]} conflict.", "",
+        f"Summary: {counts[CLEAN]} clean, {counts[MERGED]} merged, {counts[CONFLICT]} conflict; upstream anchors "
+        f"(sglang/sm120/upstream_api.py): {anchor_counts['ok']} ok, {anchor_counts['absent']} declared absent, "
+        f"{anchor_counts['MISSING']} missing.", "",
         "| patch | status | files | conflicts |", "|---|---|---|---|",
     ]
     for o in outcomes:
         conf = "; ".join(f"{c['file']} {c['hunk']}" + (f" (merged lines {c['lines']})" if "lines" in c else "")
                          for c in o.conflicts) or "-"
         md.append(f"| {o.name} | {o.status} | {', '.join(o.files)} | {conf} |")
+    if anchors:
+        md += ["", f"## Upstream anchors on {onto['version']}", "", "| anchor | status |", "|---|---|"]
+        md += [f"| {name} | {st} |" for name, st in anchors.items()]
     (out / "report.md").write_text("\n".join(md) + "\n")
     return report
 
@@ -112,15 +127,19 @@ def main(argv=None) -> int:
         old_wheel = upstream_wheel(pin.version, pin, a.base_wheel)
         new_wheel = upstream_wheel(a.onto, pin, a.onto_wheel)
         log(f"rebasing {len(patches)} patch(es): {old_wheel.name} -> {new_wheel.name}")
-        outcomes = rebase_series(patches, source_reader(read_upstream(old_wheel)), source_reader(read_upstream(new_wheel)))
+        read_new = source_reader(read_upstream(new_wheel))
+        outcomes = rebase_series(patches, source_reader(read_upstream(old_wheel)), read_new)
+        anchors = anchor_status(read_new, pin.version, a.onto)
         desc = lambda v, w: {"package": pin.package, "version": v, "wheel": w.name, "sha256": sha256_of(w)}
         report = write_outputs(Path(a.out), outcomes, desc(pin.version, old_wheel), desc(a.onto, new_wheel), a.keep_merged,
-                               pin.patch_dir)
+                               pin.patch_dir, anchors)
     except BuildError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     for p in report["patches"]:
         log(f"  {p['status']:8s} {p['name']}")
+    s = report["anchor_summary"]
+    log(f"anchors on {a.onto}: {s['ok']} ok, {s['absent']} declared absent, {s['MISSING']} missing")
     log(f"report: {Path(a.out) / 'report.md'}")
     return 2 if report["summary"][CONFLICT] else 0
 

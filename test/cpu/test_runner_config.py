@@ -1,7 +1,7 @@
 """Flag / config resolution of the layerwise backend.
 
 Two levels: sglang.sm120.runner.config on stand-in objects (fast, no sglang), and the real
-upstream ServerArgs with the patch series applied (patches/series), run
+upstream ServerArgs with the chosen base's patch series applied (patches/<base>/series), run
 in a subprocess over a patched source tree built with forkbuild from the pinned upstream wheel.
 """
 from __future__ import annotations
@@ -38,6 +38,13 @@ def _args(decode="layerwise", prefill="layerwise", locked=(), **kw):
         _cuda_graph_config_locked=set(locked),
         device="cuda", chunked_prefill_size=8192, max_running_requests=None,
         cuda_graph_layerwise_every_size=False, cuda_graph_tc_compiler=None,
+        # The ServerArgs methods the resolution calls (upstream_api declares them): a plain
+        # non-MLA model whose upstream prefill rules find nothing to disable.
+        use_mla_backend=lambda: False, get_model_config=lambda: None,
+        get_attention_backends=lambda: (None, None),
+        _disable_breakable_cudagraph_if_incompatible=lambda: None,
+        _disable_tc_piecewise_cudagraph_if_incompatible=lambda: None,
+        _disable_full_prefill_cudagraph_if_incompatible=lambda: None,
     )
     for k, v in kw.items():
         setattr(sa, k, v)
@@ -266,10 +273,19 @@ _SCENARIOS = textwrap.dedent(
 from sglang.sm120.model_shapes import QWEN3_30B_A3B_CONFIG as _QWEN3_30B_CONFIG  # noqa: E402
 
 
+def _series_dir():
+    sys.path.insert(0, str(REPO))
+    try:
+        from forkbuild.config import load_pin
+    finally:
+        sys.path.remove(str(REPO))
+    return load_pin().patch_dir
+
+
 def _patch_names():
     from forkbuild.patches import read_series
 
-    return read_series(REPO / "patches")
+    return read_series(_series_dir())
 
 
 @pytest.fixture(scope="module")
@@ -284,7 +300,7 @@ def patched_tree(tmp_path_factory):
             members = pinned_upstream()
         except Exception as e:  # noqa: BLE001
             pytest.fail(f"pinned upstream wheel unavailable (needs PyPI or SGLANG_UPSTREAM_WHEEL): {e}")
-        patches = [parse_patch(n, (REPO / "patches" / n).read_text()) for n in _patch_names()]
+        patches = [parse_patch(n, (_series_dir() / n).read_text()) for n in _patch_names()]
         changed = patched_members(members, patches)
     finally:
         sys.path.remove(str(REPO))

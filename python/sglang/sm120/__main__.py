@@ -12,8 +12,15 @@ def main(argv=None) -> int:
     sub.add_parser("info", help="print the upstream base (version, what it is verified on), applied series and built kernels as JSON")
     ap.parse_args(argv)
     info = build_info()
+    if info.get("version"):
+        from sglang.sm120 import upstream_api
+
+        try:
+            info["anchors"] = f"all upstream anchors of base {upstream_api.check_installed()} present"
+        except upstream_api.UpstreamAnchorError as e:
+            info["anchors"] = f"ERROR: {e}"
     print(json.dumps(info, indent=2))
-    return 0 if info.get("version") else 1
+    return 0 if info.get("version") and not info["anchors"].startswith("ERROR") else 1
 
 
 if __name__ == "__main__":

@@ -48,12 +48,12 @@ def is_supported_device(device: Optional[torch.device] = None) -> bool:
 
 
 def _rebind(layer: torch.nn.Module, name: str, value: torch.Tensor) -> None:
-    try:  # upstream helper: keeps Parameter identity stable for graphs and weight reloads
-        from sglang.srt.layers.utils import copy_or_rebind_param
-    except ImportError:  # kernels-only environment (tests)
-        copy_or_rebind_param = None
-    if copy_or_rebind_param is not None:
-        copy_or_rebind_param(layer, name, value)
+    # Upstream's helper keeps Parameter identity stable for graphs and weight reloads; without a
+    # fork build of sglang (kernel tests in a bare environment) a plain Parameter does the same job.
+    from sglang.sm120 import upstream_api
+
+    if upstream_api.upstream_present():
+        upstream_api.require("copy_or_rebind_param")(layer, name, value)
     else:
         setattr(layer, name, torch.nn.Parameter(value.detach(), requires_grad=False))
 

@@ -6,6 +6,20 @@ import logging
 
 logger = logging.getLogger(__name__)
 
+# CLI choices the fork adds to upstream's lists: (extension point, the list it extends, choice),
+# both named as upstream_api anchors.
+UPSTREAM_CHOICES = (("add_fp4_gemm_runner_backend_choices", "FP4_GEMM_RUNNER_BACKEND_CHOICES", "sm120"),)
+
+
+def register_upstream_choices() -> None:
+    """Add the fork's choices through upstream's add_*_choices extension points (bases that have
+    them; on 0.5.16 patch 0201 lists them itself). Safe to call for every parser built."""
+    from sglang.sm120 import upstream_api
+
+    for add, listed, choice in UPSTREAM_CHOICES:
+        if upstream_api.has(add) and choice not in upstream_api.require(listed):
+            upstream_api.require(add)([choice])
+
 
 class EnablePiecewiseCudaGraphAction(argparse.Action):
     """`--enable-piecewise-cuda-graph` (removed upstream by 0.5.14) restored as a real flag: it

@@ -70,9 +70,13 @@ def _get(sa, name, default=None):
 
 
 def _call(sa, name, default=None):
+    """One of the ServerArgs methods upstream_api declares (ServerArgs.<name> on 0.5.16;
+    resolution_hook.ResolvingArgs supplies them on 0.5.23). A missing method is an error, never a
+    default; `default` stands in only when the method itself fails on a partial ServerArgs."""
     fn = getattr(sa, name, None)
     if fn is None:
-        return default
+        raise AttributeError(f"{type(sa).__name__} has no {name}(), which the layerwise resolution needs "
+                             "(declared in sglang/sm120/upstream_api.py)")
     try:
         return fn()
     except Exception:  # noqa: BLE001
@@ -141,8 +145,8 @@ def _fall_back(sa, cfg, phase: str) -> str:
     backend = _upstream_default(phase)
     getattr(cfg, phase).backend = backend
     rule = _UPSTREAM_PREFILL_RULES.get(backend) if phase == PREFILL else None
-    if rule is not None and callable(getattr(sa, rule, None)):
-        getattr(sa, rule)()
+    if rule is not None:
+        _call(sa, rule)
     return getattr(cfg, phase).backend
 
 

@@ -1,6 +1,7 @@
 """Entry points the patch series calls. Each is one line at its call site upstream.
 
-patch 0102 (server_args):     finalize_server_args(server_args)
+patch 0102 (server_args):     finalize_server_args(server_args) from ServerArgs.__post_init__ on
+                              0.5.16; on 0.5.23 runner.resolution_hook (upstream's resolution hook)
 patch 0103 (runner backends): decode_backend(runner) / prefill_backend(runner)
 patch 0104 (graph setup):     decode_runner_class(model_runner, default) /
                               prefill_runner_class(model_runner, default) /
@@ -10,7 +11,14 @@ patch 0106/0107 (helpers):    sglang.sm120.runner.dynamo_free.compile_unless_dyn
 """
 from __future__ import annotations
 
+from sglang.sm120 import upstream_api
+
 from .config import LAYERWISE, finalize, phase_backend
+
+# The series calls in here, so this is where an installed fork first relies on upstream: check
+# every upstream anchor of the installed base once (UpstreamAnchorError names what is missing).
+if upstream_api.upstream_present():
+    upstream_api.check_installed()
 
 
 def finalize_server_args(server_args) -> None:

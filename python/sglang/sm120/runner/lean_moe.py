@@ -69,6 +69,15 @@ def _upstream():
     return fm, mab
 
 
+def _down_tma_supported() -> bool:
+    """Upstream's own answer to "may the down projection use TMA" (named per base)."""
+    from sglang.sm120 import upstream_api
+
+    name = "fused_moe._down_moe_use_tma" if upstream_api.has("fused_moe._down_moe_use_tma") \
+        else "fused_moe._moe_support_tma"
+    return bool(upstream_api.require(name)())
+
+
 # ------------------------------------------------------------------------------------------------
 # gate
 # ------------------------------------------------------------------------------------------------
@@ -227,7 +236,7 @@ def build_plan(workspace: LeanWorkspace, layer, hidden_states, topk_ids) -> Lean
         w1.shape, (w2.shape[0], w2.shape[1], w2.shape[2]), topk, config_dtype, rows,
         block_shape=None, per_channel_quant=False, return_down_config=True,
     )
-    use_tma = bool(fm._down_moe_use_tma() and down_config is not None and down_config.pop("USE_TMA", False))
+    use_tma = bool(_down_tma_supported() and down_config is not None and down_config.pop("USE_TMA", False))
     block_m = config["BLOCK_SIZE_M"]
     numel = rows * topk
     if numel < E + 1:
@@ -268,11 +277,12 @@ def _activation_call(entry, name: str, x: torch.Tensor, out: torch.Tensor) -> Ca
     the step calls that module function with the same views and name, without the op dispatch
     (same kernel, same arguments). Any other entry point (another platform's, a test's stand-in)
     is called as it is."""
-    try:
-        from sglang.jit_kernel import activation as jit_act
-    except Exception:  # noqa: BLE001 - not importable here: upstream's entry point as it is
+    from sglang.sm120 import upstream_api
+
+    if not upstream_api.has("jit_kernel.activation"):  # declared absent on this base
         return partial(entry, x, out)
-    if entry is not getattr(jit_act, f"{name}_and_mul", None) or not hasattr(jit_act, "_jit_activation_module"):
+    jit_act = upstream_api.require("jit_kernel.activation")
+    if entry is not getattr(jit_act, f"{name}_and_mul", None):  # another platform's or a test's entry
         return partial(entry, x, out)
     hidden = x.shape[-1] // 2
     module = jit_act._jit_activation_module(x.dtype)

@@ -1,0 +1,418 @@
+"""Every upstream SGLang symbol the overlay and the patch series rely on, declared once, per base.
+
+An anchor names one upstream symbol as "package.module" (the module itself) or
+"package.module:Qual.name" (a class, function or attribute defined in that module, dotted
+through classes). Each anchor says where it lives on every supported base (UPSTREAM.toml); None
+means the base does not have it, with the reason in ABSENT, and the overlay code that needs it
+must not run on that base (`require` raises, naming the anchor and the base).
+
+ServerArgs fields are declared by name only (SERVER_ARGS_FIELDS): on 0.5.16 they are annotated
+attributes of ServerArgs itself, on 0.5.23 of the namespace classes in arg_groups/fields/.
+
+Checked twice, by the same code (`missing`), which reads source text only (stdlib, no import of
+sglang or torch): at build time against the chosen base's patched tree (forkbuild/anchors.py; a
+missing anchor fails the build naming it) and at import of this module against the installed
+package (`check_installed`, run once; a failure raises UpstreamAnchorError).
+"""
+from __future__ import annotations
+
+import ast
+import functools
+import importlib
+from pathlib import Path
+from typing import Callable, Dict, List, Optional
+
+BASES = ("0.5.16", "0.5.23")
+
+
+def _both(spec: str) -> Dict[str, Optional[str]]:
+    return {b: spec for b in BASES}
+
+
+# name -> {base: "module[:Qual.name]" or None}. The name is what overlay code asks for.
+ANCHORS: Dict[str, Dict[str, Optional[str]]] = {
+    # runner/config.py: backend identifiers and upstream's prefill default
+    "cuda_graph_config.Backend": _both("sglang.srt.model_executor.cuda_graph_config:Backend"),
+    "cuda_graph_config.default_prefill_backend": {
+        "0.5.16": "sglang.srt.model_executor.cuda_graph_config:default_prefill_backend",
+        "0.5.23": "sglang.srt.model_executor.cuda_graph_config:default_prefill_backend",
+    },
+    # runner/config.py: whether the model uses MLA (layerwise prefill does not handle it)
+    "ServerArgs.use_mla_backend": {
+        "0.5.16": "sglang.srt.server_args:ServerArgs.use_mla_backend",
+        "0.5.23": None,
+    },
+    "model_override_base.use_mla_backend": {
+        "0.5.16": None,
+        "0.5.23": "sglang.srt.arg_groups.model_override_base:use_mla_backend",
+    },
+    "ServerArgs.get_attention_backends": {
+        "0.5.16": "sglang.srt.server_args:ServerArgs.get_attention_backends",
+        "0.5.23": None,
+    },
+    "attention_backends_of": {
+        "0.5.16": None,
+        "0.5.23": "sglang.srt.arg_groups.model_override_base:attention_backends_of",
+    },
+    # runner/resolution_hook.py: 0.5.23's declarative ServerArgs resolution and its hook point
+    "register_resolution_hook": {
+        "0.5.16": None,
+        "0.5.23": "sglang.srt.arg_groups.resolution_hooks:register_resolution_hook",
+    },
+    "resolution_step.handle_cuda_graph_config": {
+        "0.5.16": None,
+        "0.5.23": "sglang.srt.arg_groups.cuda_graph_hook:handle_cuda_graph_config",
+    },
+    "resolving_view": {
+        "0.5.16": None,
+        "0.5.23": "sglang.srt.arg_groups.model_override_base:resolving_view",
+    },
+    "declare_resolution": {
+        "0.5.16": None,
+        "0.5.23": "sglang.srt.arg_groups.overrides:declare_resolution",
+    },
+    "cuda_graph_hook.disable_breakable_cudagraph_if_incompatible": {
+        "0.5.16": None,
+        "0.5.23": "sglang.srt.arg_groups.cuda_graph_hook:disable_breakable_cudagraph_if_incompatible",
+    },
+    "cuda_graph_hook.disable_full_prefill_cudagraph_if_incompatible": {
+        "0.5.16": None,
+        "0.5.23": "sglang.srt.arg_groups.cuda_graph_hook:disable_full_prefill_cudagraph_if_incompatible",
+    },
+    # server_flags.py: the CLI choices the fork adds (0.5.16 lists them in server_args.py, which
+    # patch 0201 edits; 0.5.23 has an extension point)
+    "add_fp4_gemm_runner_backend_choices": {
+        "0.5.16": None,
+        "0.5.23": "sglang.srt.arg_groups.choices:add_fp4_gemm_runner_backend_choices",
+    },
+    "FP4_GEMM_RUNNER_BACKEND_CHOICES": {
+        "0.5.16": "sglang.srt.server_args:FP4_GEMM_RUNNER_BACKEND_CHOICES",
+        "0.5.23": "sglang.srt.arg_groups.choices:FP4_GEMM_RUNNER_BACKEND_CHOICES",
+    },
+    "ServerArgs.get_model_config": {
+        "0.5.16": "sglang.srt.server_args:ServerArgs.get_model_config",
+        "0.5.23": None,
+    },
+    "model_override_base.model_config_of": {
+        "0.5.16": None,
+        "0.5.23": "sglang.srt.arg_groups.model_override_base:model_config_of",
+    },
+    # runner/config.py: upstream's per-backend prefill compatibility rules
+    "ServerArgs._disable_breakable_cudagraph_if_incompatible": {
+        "0.5.16": "sglang.srt.server_args:ServerArgs._disable_breakable_cudagraph_if_incompatible",
+        "0.5.23": None,
+    },
+    "ServerArgs._disable_tc_piecewise_cudagraph_if_incompatible": {
+        "0.5.16": "sglang.srt.server_args:ServerArgs._disable_tc_piecewise_cudagraph_if_incompatible",
+        "0.5.23": None,
+    },
+    "ServerArgs._disable_full_prefill_cudagraph_if_incompatible": {
+        "0.5.16": "sglang.srt.server_args:ServerArgs._disable_full_prefill_cudagraph_if_incompatible",
+        "0.5.23": None,
+    },
+    # runner/backend.py, runner/runners.py: the runners and backends the layerwise ones extend
+    "BreakableCudaGraphBackend": _both(
+        "sglang.srt.model_executor.runner_backend.breakable_cuda_graph_backend:BreakableCudaGraphBackend"),
+    "FullCudaGraphBackend": _both(
+        "sglang.srt.model_executor.runner_backend.full_cuda_graph_backend:FullCudaGraphBackend"),
+    "breakable_cuda_graph._current_capture_var": _both(
+        "sglang.srt.model_executor.runner_backend_utils.breakable_cuda_graph.breakable_cuda_graph:_current_capture_var"),
+    "DecodeCudaGraphRunner": _both(
+        "sglang.srt.model_executor.runner.decode_cuda_graph_runner:DecodeCudaGraphRunner"),
+    "PrefillCudaGraphRunner": _both(
+        "sglang.srt.model_executor.runner.prefill_cuda_graph_runner:PrefillCudaGraphRunner"),
+    "model_capture_mode": _both("sglang.srt.model_executor.runner_utils.capture_mode:model_capture_mode"),
+    "runtime_context.get_forward": _both("sglang.srt.runtime_context:get_forward"),
+    "runtime_context.get_server_args": _both("sglang.srt.runtime_context:get_server_args"),
+    # runner/lean_moe.py: the Triton MoE path it replays without Python dispatch
+    "FusedMoE": _both("sglang.srt.layers.moe.fused_moe_triton.layer:FusedMoE"),
+    "FusedMoE.forward": _both("sglang.srt.layers.moe.fused_moe_triton.layer:FusedMoE.forward"),
+    "is_batch_invariant_mode_enabled": _both("sglang.srt.batch_invariant_ops:is_batch_invariant_mode_enabled"),
+    "fused_experts_none_to_triton": _both("sglang.srt.layers.moe.moe_runner.triton:fused_experts_none_to_triton"),
+    "triton_utils.get_config": _both("sglang.srt.layers.moe.moe_runner.triton_utils:get_config"),
+    "StandardDispatcher": _both("sglang.srt.layers.moe.token_dispatcher.standard:StandardDispatcher"),
+    "UnquantizedFusedMoEMethod.forward_cuda": _both(
+        "sglang.srt.layers.quantization.unquant:UnquantizedFusedMoEMethod.forward_cuda"),
+    "StandardTopKOutput": _both("sglang.srt.layers.moe.topk:StandardTopKOutput"),
+    "fused_moe._is_cuda": _both("sglang.srt.layers.moe.moe_runner.triton_utils.fused_moe:_is_cuda"),
+    "fused_moe.get_config_dtype_str": _both(
+        "sglang.srt.layers.moe.moe_runner.triton_utils.fused_moe:get_config_dtype_str"),
+    "fused_moe.try_get_optimal_moe_config": _both(
+        "sglang.srt.layers.moe.moe_runner.triton_utils.fused_moe:try_get_optimal_moe_config"),
+    "fused_moe._down_moe_use_tma": {
+        "0.5.16": "sglang.srt.layers.moe.moe_runner.triton_utils.fused_moe:_down_moe_use_tma",
+        "0.5.23": None,
+    },
+    "fused_moe._moe_support_tma": {
+        "0.5.16": None,
+        "0.5.23": "sglang.srt.layers.moe.moe_runner.triton_utils.fused_moe:_moe_support_tma",
+    },
+    "fused_moe._use_moe_sum_reduce_torch_compile": _both(
+        "sglang.srt.layers.moe.moe_runner.triton_utils.fused_moe:_use_moe_sum_reduce_torch_compile"),
+    "fused_moe.invoke_fused_moe_kernel": _both(
+        "sglang.srt.layers.moe.moe_runner.triton_utils.fused_moe:invoke_fused_moe_kernel"),
+    "fused_moe.silu_and_mul": _both("sglang.srt.layers.moe.moe_runner.triton_utils.fused_moe:silu_and_mul"),
+    "fused_moe.gelu_and_mul": _both("sglang.srt.layers.moe.moe_runner.triton_utils.fused_moe:gelu_and_mul"),
+    "fused_moe.moe_sum_reduce": _both("sglang.srt.layers.moe.moe_runner.triton_utils.fused_moe:moe_sum_reduce"),
+    "fused_moe.moe_sum_reduce_torch_compile": _both(
+        "sglang.srt.layers.moe.moe_runner.triton_utils.fused_moe:moe_sum_reduce_torch_compile"),
+    "moe_align_block_size.sgl_moe_align_block_size": _both(
+        "sglang.srt.layers.moe.moe_runner.triton_utils.moe_align_block_size:sgl_moe_align_block_size"),
+    "moe_align_block_size._SGLANG_EXPERIMENTAL_LORA_OPTI": _both(
+        "sglang.srt.layers.moe.moe_runner.triton_utils.moe_align_block_size:_SGLANG_EXPERIMENTAL_LORA_OPTI"),
+    "jit_kernel.activation": {
+        "0.5.16": "sglang.jit_kernel.activation",
+        "0.5.23": None,
+    },
+    "jit_kernel.activation._jit_activation_module": {
+        "0.5.16": "sglang.jit_kernel.activation:_jit_activation_module",
+        "0.5.23": None,
+    },
+    # runner/prewarm.py: sampling kernels and the Triton attention check it warms before capture
+    "sampler": _both("sglang.srt.layers.sampler"),
+    "support_triton": _both("sglang.srt.utils.common:support_triton"),
+    # fp4_linear.py: how upstream swaps a parameter in place (keeps CUDA-graph addresses)
+    "copy_or_rebind_param": _both("sglang.srt.layers.utils.common:copy_or_rebind_param"),
+    # model_names.py (patch 0401): the OpenAI serving base the model-name check hooks into
+    "OpenAIServingBase": _both("sglang.srt.entrypoints.openai.serving_base:OpenAIServingBase"),
+    # patches: the upstream definitions their hunks change (the hunks' text is checked strictly
+    # when they apply; these say which symbols they are about)
+    "initialize_fp4_gemm_config": _both("sglang.srt.layers.quantization.fp4_utils:initialize_fp4_gemm_config"),
+    "ModelOptNvFp4FusedMoEMethod.create_moe_runner": _both(
+        "sglang.srt.layers.quantization.modelopt_quant:ModelOptNvFp4FusedMoEMethod.create_moe_runner"),
+    "VocabParallelEmbedding": _both("sglang.srt.layers.vocab_parallel_embedding:VocabParallelEmbedding"),
+}
+
+# Why a base lacks an anchor, and what the overlay does there instead.
+ABSENT: Dict[str, str] = {
+    "ServerArgs.use_mla_backend": "0.5.23 moved it to arg_groups.model_override_base.use_mla_backend(server_args)",
+    "model_override_base.use_mla_backend": "0.5.16 has it as the method ServerArgs.use_mla_backend",
+    "ServerArgs.get_model_config": "0.5.23 moved it to arg_groups.model_override_base.model_config_of(server_args)",
+    "model_override_base.model_config_of": "0.5.16 has it as the method ServerArgs.get_model_config",
+    "ServerArgs.get_attention_backends": "0.5.23 moved it to arg_groups.model_override_base.attention_backends_of",
+    "attention_backends_of": "0.5.16 has it as the method ServerArgs.get_attention_backends",
+    "register_resolution_hook": "0.5.16 resolves ServerArgs in __post_init__ (patch 0102 calls the overlay there)",
+    "resolution_step.handle_cuda_graph_config": "0.5.16 resolves ServerArgs in __post_init__",
+    "resolving_view": "0.5.16 resolves ServerArgs in place",
+    "declare_resolution": "0.5.16 resolves ServerArgs in place",
+    "cuda_graph_hook.disable_breakable_cudagraph_if_incompatible":
+        "0.5.16 has it as the method ServerArgs._disable_breakable_cudagraph_if_incompatible",
+    "cuda_graph_hook.disable_full_prefill_cudagraph_if_incompatible":
+        "0.5.16 has it as the method ServerArgs._disable_full_prefill_cudagraph_if_incompatible",
+    "add_fp4_gemm_runner_backend_choices": "0.5.16 has no add_*_choices extension points (patch 0201 edits the list)",
+    "ServerArgs._disable_breakable_cudagraph_if_incompatible":
+        "0.5.23 moved the per-backend prefill rules into arg_groups/cuda_graph_hook.py",
+    "ServerArgs._disable_tc_piecewise_cudagraph_if_incompatible": "0.5.22 removed the tc_piecewise backend",
+    "ServerArgs._disable_full_prefill_cudagraph_if_incompatible":
+        "0.5.23 moved the per-backend prefill rules into arg_groups/cuda_graph_hook.py",
+    "fused_moe._down_moe_use_tma": "0.5.23 renamed it _moe_support_tma",
+    "fused_moe._moe_support_tma": "0.5.16 names it _down_moe_use_tma",
+    "jit_kernel.activation": "0.5.23 ships no sglang.jit_kernel package",
+    "jit_kernel.activation._jit_activation_module": "0.5.23 ships no sglang.jit_kernel package",
+}
+
+# ServerArgs fields the overlay reads (runner/config.py incompatibilities, lean_moe, prewarm,
+# model_names). Every one must exist on every base.
+SERVER_ARGS_FIELDS = (
+    "device", "enable_torch_compile", "enable_dp_attention", "moe_a2a_backend", "enable_two_batch_overlap",
+    "pp_size", "speculative_algorithm", "enable_lora", "lora_paths", "enable_pdmux", "dllm_algorithm",
+    "debug_cuda_graph", "enable_memory_saver", "enable_eplb", "expert_distribution_recorder_mode",
+    "sampling_backend", "attention_backend", "prefill_attention_backend", "decode_attention_backend",
+    "enable_deterministic_inference", "enable_fused_moe_sum_all_reduce", "cuda_graph_config",
+    "cuda_graph_backend_decode", "cuda_graph_backend_prefill", "disable_cuda_graph", "fp4_gemm_runner_backend",
+)
+
+# Where a base declares ServerArgs fields: (module, class name or None for every class in it).
+FIELD_HOMES = {
+    "0.5.16": [("sglang.srt.server_args", "ServerArgs")],
+    "0.5.23": [(f"sglang.srt.arg_groups.fields.{m}", None) for m in (
+        "device", "disagg", "exec_", "lora", "memory", "mm", "model", "observability", "parallel",
+        "schedule", "serving", "spec")],
+}
+
+
+class UpstreamAnchorError(RuntimeError):
+    """An upstream symbol the fork relies on is missing from this base."""
+
+
+def module_files(module: str) -> List[str]:
+    """Candidate source paths (python/sglang/...) of a dotted module name."""
+    rel = module.replace(".", "/")
+    return [f"python/{rel}.py", f"python/{rel}/__init__.py"]
+
+
+def _defined(body, name: str):
+    """The node defining `name` at this level (def, class, assignment, annotation, import)."""
+    for node in body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.name == name:
+            return node
+        if isinstance(node, ast.Assign):
+            for t in node.targets:
+                for n in ast.walk(t):
+                    if isinstance(n, ast.Name) and n.id == name:
+                        return node
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.target.id == name:
+            return node
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            for a in node.names:
+                if (a.asname or a.name.split(".")[0]) == name:
+                    return node
+        if isinstance(node, (ast.If, ast.Try)):  # definitions under `if _is_cuda:` / try-except
+            for sub in (node.body, getattr(node, "orelse", []), getattr(node, "finalbody", []),
+                        *[h.body for h in getattr(node, "handlers", [])]):
+                found = _defined(sub, name)
+                if found is not None:
+                    return found
+    return None
+
+
+class _Tree:
+    """A source tree read once per module: module name -> parsed body (or None)."""
+
+    def __init__(self, read: Callable[[str], Optional[str]]):
+        self.read = read
+        self._bodies: Dict[str, Optional[list]] = {}
+
+    def body(self, module: str) -> Optional[list]:
+        if module not in self._bodies:
+            text = next((t for t in map(self.read, module_files(module)) if t is not None), None)
+            self._bodies[module] = None if text is None else ast.parse(text).body
+        return self._bodies[module]
+
+
+def _find(tree: _Tree, spec: str) -> Optional[str]:
+    """None when `spec` is defined in the tree, else why not."""
+    module, _, qual = spec.partition(":")
+    body = tree.body(module)
+    if body is None:
+        return f"module {module} not found"
+    for part in qual.split(".") if qual else ():
+        node = _defined(body, part)
+        if node is None:
+            return f"{qual} not defined in {module}"
+        body = node.body if isinstance(node, ast.ClassDef) else []
+    return None
+
+
+def _field_missing(tree: _Tree, base: str, field: str) -> Optional[str]:
+    for module, cls in FIELD_HOMES[base]:
+        for node in tree.body(module) or []:
+            if isinstance(node, ast.ClassDef) and (cls is None or node.name == cls):
+                if any(isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name) and n.target.id == field
+                       for n in node.body):
+                    return None
+    return f"ServerArgs field {field} not declared in {', '.join(m for m, _ in FIELD_HOMES[base])}"
+
+
+def missing(read: Callable[[str], Optional[str]], base: str) -> List[str]:
+    """Every anchor of `base` not found in the tree `read` (python/sglang/... -> text or None),
+    as "name (spec): why" lines; [] when all are there."""
+    if base not in BASES:
+        return [f"base {base} is not declared in sglang/sm120/upstream_api.py (BASES = {', '.join(BASES)})"]
+    tree, out = _Tree(read), []
+    for name, where in ANCHORS.items():
+        if base not in where:
+            out.append(f"{name}: no declaration for base {base}")
+            continue
+        spec = where[base]
+        if spec is None:
+            if name not in ABSENT:
+                out.append(f"{name}: absent on {base} without a reason in ABSENT")
+            continue
+        why = _find(tree, spec)
+        if why:
+            out.append(f"{name} ({spec}): {why}")
+    for field in SERVER_ARGS_FIELDS:
+        why = _field_missing(tree, base, field)
+        if why:
+            out.append(f"ServerArgs.{field}: {why}")
+    return out
+
+
+def status(read: Callable[[str], Optional[str]], base: str) -> Dict[str, str]:
+    """name -> "ok" / "absent (reason)" / "MISSING (why)", for reports."""
+    tree, out = _Tree(read), {}
+    for name, where in ANCHORS.items():
+        spec = where.get(base)
+        if spec is None:
+            out[name] = f"absent ({ABSENT.get(name, 'no reason given')})"
+        else:
+            why = _find(tree, spec)
+            out[name] = f"MISSING ({why})" if why else "ok"
+    for field in SERVER_ARGS_FIELDS:
+        why = _field_missing(tree, base, field)
+        out[f"ServerArgs.{field}"] = f"MISSING ({why})" if why else "ok"
+    return out
+
+
+# --- the installed package ---------------------------------------------------------------------
+def upstream_present() -> bool:
+    """Whether upstream sglang (sglang.srt) is importable here; kernel-only test environments
+    carry the overlay alone."""
+    import importlib.util
+
+    return importlib.util.find_spec("sglang.srt") is not None
+
+
+def installed_base() -> str:
+    """The base this installation was built on: the build writes it into _build_info; a source
+    tree of upstream + series (no build) has upstream's own version in sglang/_version.py."""
+    try:
+        from sglang.sm120 import _build_info
+
+        return _build_info.BASE["version"]
+    except ImportError:
+        pass
+    try:
+        from sglang._version import __version__ as upstream_version
+    except ImportError:
+        raise UpstreamAnchorError("neither sglang.sm120._build_info nor sglang._version: the upstream "
+                                  "base of this sglang is unknown") from None
+    if upstream_version not in BASES:
+        raise UpstreamAnchorError(f"sglang {upstream_version} is not a supported base ({', '.join(BASES)})")
+    return upstream_version
+
+
+def _installed_reader():
+    import sglang
+
+    root = Path(sglang.__file__).resolve().parent.parent
+
+    def read(path: str) -> Optional[str]:
+        p = root / path[len("python/"):]
+        return p.read_text() if p.is_file() else None
+
+    return read
+
+
+@functools.lru_cache(maxsize=None)
+def check_installed() -> str:
+    """Check every anchor of the installed base once; returns the base."""
+    base = installed_base()
+    gone = missing(_installed_reader(), base)
+    if gone:
+        raise UpstreamAnchorError(f"installed sglang (base {base}) lacks upstream symbols the fork relies on: "
+                                  + "; ".join(gone))
+    return base
+
+
+def has(name: str) -> bool:
+    """Whether the installed base has anchor `name` (declared, so never a guess)."""
+    if name not in ANCHORS:
+        raise KeyError(f"{name}: not an anchor declared in sglang/sm120/upstream_api.py")
+    return ANCHORS[name][check_installed()] is not None
+
+
+def require(name: str):
+    """The upstream object anchor `name` names on the installed base (imported on first use)."""
+    if name not in ANCHORS:
+        raise KeyError(f"{name}: not an anchor declared in sglang/sm120/upstream_api.py")
+    base = check_installed()
+    spec = ANCHORS[name][base]
+    if spec is None:
+        raise UpstreamAnchorError(f"{name} does not exist on base {base}: {ABSENT[name]}")
+    module, _, qual = spec.partition(":")
+    obj = importlib.import_module(module)
+    for part in qual.split(".") if qual else ():
+        obj = getattr(obj, part)
+    return obj
