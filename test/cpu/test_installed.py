@@ -74,10 +74,13 @@ def test_restored_flag_selects_layerwise_and_says_so():
         "import argparse, logging; logging.basicConfig(level=logging.WARNING)\n"
         "from sglang.srt.server_args import ServerArgs\n"
         "p = argparse.ArgumentParser(); ServerArgs.add_cli_args(p)\n"
+        # Upstream's legacy spelling where the base still has it (0.5.16), else its replacement.
+        "legacy = any('--disable-piecewise-cuda-graph' in a.option_strings for a in p._actions)\n"
+        "off = ['--disable-piecewise-cuda-graph'] if legacy else ['--cuda-graph-backend-prefill', 'disabled']\n"
         "a = p.parse_args(['--model-path', 'm', '--enable-piecewise-cuda-graph'])\n"
         "b = p.parse_args(['--model-path', 'm'])\n"
-        "c = p.parse_args(['--model-path', 'm', '--disable-piecewise-cuda-graph', '--enable-piecewise-cuda-graph'])\n"
-        "d = p.parse_args(['--model-path', 'm', '--enable-piecewise-cuda-graph', '--disable-piecewise-cuda-graph'])\n"
+        "c = p.parse_args(['--model-path', 'm', *off, '--enable-piecewise-cuda-graph'])\n"
+        "d = p.parse_args(['--model-path', 'm', '--enable-piecewise-cuda-graph', *off])\n"
         "for n in (a, b, c, d): print(n.cuda_graph_backend_decode, n.cuda_graph_backend_prefill)\n"
     )
     proc = py("-c", code)

@@ -136,3 +136,32 @@ def test_require_on_an_absent_anchor_names_it_and_the_base():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd="/")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert f"ERR {absent} does not exist on base {base}" in proc.stdout
+
+
+def test_dependency_pins_of_another_base_are_named():
+    pins = {"torch": "2.14.1", "flashinfer-python": "0.7.2", "sglang-kernel": "0.4.10"}
+    have = {"torch": "2.11.0+cu130", "flashinfer-python": "0.7.2"}  # sglang-kernel not installed
+    assert API.dependency_mismatches(pins, have.get) == ["torch 2.11.0+cu130 (base needs ==2.14.1)"]
+    assert API.dependency_mismatches({"torch": "2.11.0"}, have.get) == []  # local version suffix
+
+
+def test_build_records_the_base_defining_pins():
+    from forkbuild.build import exact_pins
+
+    meta = ("Requires-Dist: flashinfer_python[cu13]==0.7.2\nRequires-Dist: torch==2.14.1\n"
+            "Requires-Dist: torchvision\nRequires-Dist: sglang-kernel==0.4.10; extra == 'x'\n")
+    assert exact_pins(meta) == {"flashinfer-python": "0.7.2", "torch": "2.14.1"}
+
+
+def test_installed_info_names_base_and_anchor_check():
+    if importlib.util.find_spec("sglang.srt") is None:
+        pytest.skip("no sglang installed in this interpreter")
+    import json
+
+    proc = subprocess.run([sys.executable, "-m", "sglang.sm120", "info"], capture_output=True, text=True,
+                          timeout=300, cwd="/")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    info = json.loads(proc.stdout)
+    base = load_pin().version
+    assert info["base"]["version"] == base
+    assert info["anchors"] == f"all upstream anchors of base {base} present"

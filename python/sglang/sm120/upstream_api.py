@@ -385,14 +385,47 @@ def _installed_reader():
     return read
 
 
+def dependency_mismatches(requires: Dict[str, str], version_of: Callable[[str], Optional[str]]) -> List[str]:
+    """The base's exact pins (torch, flashinfer-python, sglang-kernel) the environment contradicts.
+    A package that is not installed is not a mismatch (CPU test environments leave GPU-only ones
+    out); a local version suffix (2.11.0+cu130) matches its public version, as in PEP 440."""
+    out = []
+    for name, want in requires.items():
+        have = version_of(name)
+        if have is not None and have.split("+", 1)[0] != want:
+            out.append(f"{name} {have} (base needs =={want})")
+    return out
+
+
+def _installed_version(name: str) -> Optional[str]:
+    import importlib.metadata as md
+
+    try:
+        return md.version(name)
+    except md.PackageNotFoundError:
+        return None
+
+
 @functools.lru_cache(maxsize=None)
 def check_installed() -> str:
-    """Check every anchor of the installed base once; returns the base."""
+    """Check once that the installed base has every anchor and that the environment holds that
+    base's dependencies; returns the base."""
     base = installed_base()
     gone = missing(_installed_reader(), base)
     if gone:
         raise UpstreamAnchorError(f"installed sglang (base {base}) lacks upstream symbols the fork relies on: "
                                   + "; ".join(gone))
+    try:
+        from sglang.sm120._build_info import REQUIRES
+    except ImportError:  # a source tree of upstream + series: no build, no recorded pins
+        return base
+    wrong = dependency_mismatches(REQUIRES, _installed_version)
+    if wrong:
+        raise UpstreamAnchorError(
+            f"this sglang is the fork built on upstream sglang {base}, but the environment holds another "
+            f"base's dependencies: {'; '.join(wrong)}. Install the fork wheel built for the base these "
+            f"match (SGLANG_SM120_BASE=<version> pip wheel .; `python -m sglang.sm120 info` names a "
+            f"wheel's base), or install this one with its dependencies (pip install without --no-deps)")
     return base
 
 
