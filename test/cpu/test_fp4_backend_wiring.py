@@ -22,17 +22,27 @@ SCRIPT = textwrap.dedent(
     from sglang.srt.layers.quantization.modelopt_quant import ModelOptFp4LinearMethod
     import sglang.sm120.fp4_linear as glue
 
+    import inspect
+
+    def init(backend):  # 0.5.16 passes ServerArgs; 0.5.23 reads the published exec.kernel bag
+        if inspect.signature(fp4_utils.initialize_fp4_gemm_config).parameters:
+            fp4_utils.initialize_fp4_gemm_config(types.SimpleNamespace(fp4_gemm_runner_backend=backend))
+        else:
+            kernel = types.SimpleNamespace(fp4_gemm_runner_backend=backend)
+            fp4_utils.get_exec = lambda: types.SimpleNamespace(kernel=kernel)
+            fp4_utils.initialize_fp4_gemm_config()
+
     p = argparse.ArgumentParser(); ServerArgs.add_cli_args(p)
     assert p.parse_args(["--model-path", "m", "--fp4-gemm-backend", "sm120"]).fp4_gemm_runner_backend == "sm120"
 
-    fp4_utils.initialize_fp4_gemm_config(types.SimpleNamespace(fp4_gemm_runner_backend="auto"))
+    init("auto")
     auto = fp4_utils.get_fp4_gemm_runner_backend()
     assert not auto.is_sm120(), auto  # no SM120 GPU here: upstream's choice stands
 
     calls = []
     glue.apply = lambda layer, x, bias=None: calls.append(("apply", x.shape, bias)) or x * 2
     glue.process_weights_after_loading = lambda layer: calls.append(("process", layer.output_size_per_partition))
-    fp4_utils.initialize_fp4_gemm_config(types.SimpleNamespace(fp4_gemm_runner_backend="sm120"))
+    init("sm120")
     assert fp4_utils.get_fp4_gemm_runner_backend().is_sm120()
 
     layer = torch.nn.Module()

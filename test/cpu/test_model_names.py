@@ -29,7 +29,12 @@ p = argparse.ArgumentParser(); ServerArgs.add_cli_args(p)
 args = p.parse_args(['--model-path', '/models/tiny'] + sys.argv[1:])
 import dataclasses
 assert not hasattr(args, 'reject_unknown_model')          # ServerArgs keeps upstream's fields
-assert 'reject_unknown_model' not in {f.name for f in dataclasses.fields(ServerArgs)}
+try:
+    fields = {f.name for f in dataclasses.fields(ServerArgs)}
+except TypeError:  # 0.5.23 assembles ServerArgs from namespace classes
+    from sglang.srt.arg_groups.arg_utils import record_fields
+    fields = {f.name for f in record_fields(ServerArgs)}
+assert fields and 'reject_unknown_model' not in fields
 from sglang.srt.entrypoints.openai.protocol import ChatCompletionRequest
 from sglang.srt.entrypoints.openai.serving_chat import OpenAIServingChat
 serving = OpenAIServingChat.__new__(OpenAIServingChat)

@@ -86,4 +86,8 @@ def test_cli_onto_pinned_release_is_identity(tmp_path):
         assert (out / "patches" / f.name).read_bytes() == f.read_bytes(), f.name
     report = json.loads((out / "report.json").read_text())
     assert report["summary"] == {"clean": len(report["patches"]), "merged": 0, "conflict": 0}
-    assert (out / "report.md").read_text().startswith("# Rebase of the series")
+    # anchor status beside the patches': every anchor of the base holds on itself
+    assert report["anchor_summary"]["MISSING"] == 0 and report["anchor_summary"]["ok"] > 0
+    assert all(v == "ok" or v.startswith("absent (") for v in report["anchors"].values())
+    md = (out / "report.md").read_text()
+    assert md.startswith("# Rebase of the series") and f"## Upstream anchors on {base}" in md

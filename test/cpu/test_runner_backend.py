@@ -71,7 +71,12 @@ def _emulated_cuda(monkeypatch):
     from sglang.srt.runtime_context import get_resources
 
     get_resources().graph_memory_pool = None
-    yield
+    # Upstream's backends take the tensor-parallel group from the model runner (0.5.16) or from
+    # the runtime context (0.5.23): give both the fake.
+    from sglang.srt.runtime_context import get_parallel
+
+    with get_parallel().override(tp_group=FakeTP()):
+        yield
     boundary._STATE_PROVIDERS.remove(moe_scale_provider)
 
 

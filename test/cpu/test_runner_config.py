@@ -447,3 +447,26 @@ def test_a_malformed_prefill_attention_choice_fails_at_server_args_time(monkeypa
     C.finalize(_args(prefill="disabled"))  # no layerwise prefill: not read
     monkeypatch.setenv(pa.ENV, "fa3")
     assert C.finalize(_args()).prefill is not None
+
+
+def test_run_time_config_is_read_where_the_base_keeps_it(monkeypatch):
+    """0.5.16 resolves ServerArgs.cuda_graph_config in place; 0.5.23 keeps the raw input on the
+    record and publishes the resolved config in the exec.graph bag (upstream_api declares which)."""
+    from sglang.sm120 import upstream_api
+
+    bag = SimpleNamespace(graph=SimpleNamespace(cuda_graph_config=SimpleNamespace(decode=_phase("layerwise"))))
+    monkeypatch.setattr(upstream_api, "upstream_present", lambda: True)
+    monkeypatch.setattr(upstream_api, "has", lambda name: name == "runtime_context.get_exec")
+    monkeypatch.setattr(upstream_api, "require", lambda name: (lambda: bag))
+    raw_record = SimpleNamespace(cuda_graph_config=None)
+    assert C.phase_backend(raw_record, "decode") == "layerwise"
+    monkeypatch.setattr(upstream_api, "has", lambda name: False)
+    assert C.phase_backend(_args(decode="full"), "decode") == "full"
+    assert C.phase_backend(raw_record, "decode") is None
+
+
+def test_a_missing_server_args_method_is_an_error_not_a_default():
+    sa = _args()
+    del sa.use_mla_backend
+    with pytest.raises(AttributeError, match="use_mla_backend"):
+        C.incompatibilities(sa, "prefill")

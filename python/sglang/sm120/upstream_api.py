@@ -124,6 +124,11 @@ ANCHORS: Dict[str, Dict[str, Optional[str]]] = {
     "model_capture_mode": _both("sglang.srt.model_executor.runner_utils.capture_mode:model_capture_mode"),
     "runtime_context.get_forward": _both("sglang.srt.runtime_context:get_forward"),
     "runtime_context.get_server_args": _both("sglang.srt.runtime_context:get_server_args"),
+    # runner/config.py: where the resolved CUDA-graph config lives at run time on 0.5.23
+    "runtime_context.get_exec": {
+        "0.5.16": None,
+        "0.5.23": "sglang.srt.runtime_context:get_exec",
+    },
     # runner/lean_moe.py: the Triton MoE path it replays without Python dispatch
     "FusedMoE": _both("sglang.srt.layers.moe.fused_moe_triton.layer:FusedMoE"),
     "FusedMoE.forward": _both("sglang.srt.layers.moe.fused_moe_triton.layer:FusedMoE.forward"),
@@ -199,6 +204,7 @@ ABSENT: Dict[str, str] = {
         "0.5.16 has it as the method ServerArgs._disable_breakable_cudagraph_if_incompatible",
     "cuda_graph_hook.disable_full_prefill_cudagraph_if_incompatible":
         "0.5.16 has it as the method ServerArgs._disable_full_prefill_cudagraph_if_incompatible",
+    "runtime_context.get_exec": "0.5.16 keeps the resolved config on ServerArgs itself",
     "add_fp4_gemm_runner_backend_choices": "0.5.16 has no add_*_choices extension points (patch 0201 edits the list)",
     "ServerArgs._disable_breakable_cudagraph_if_incompatible":
         "0.5.23 moved the per-backend prefill rules into arg_groups/cuda_graph_hook.py",

@@ -34,6 +34,7 @@ from sglang.srt.model_executor.runner_backend.full_cuda_graph_backend import (
 
 from . import boundary, prefill_attention, zero_copy
 from .boundary import CaptureSession, ProbeSession, StagingArena
+from .config import resolved_cuda_graph_config
 from .layerwise import LayerwiseEntry, SizeCapturer, capture_size, host_step_stats, is_oom
 from .lean_moe import ENV as LEAN_MOE_ENV
 from .lean_moe import PREFILL_CAP_ENV, LeanMoe, lean_moe_requested, lean_prefill_cap
@@ -401,7 +402,7 @@ def _attention_plans_fixed_prefill(attn_backend) -> bool:
 
 def make_decode_backend(cuda_graph_runner) -> LayerwiseDecodeBackend:
     sa = cuda_graph_runner.model_runner.server_args
-    full_max_bs = sa.cuda_graph_config.decode.layerwise_full_max_bs
+    full_max_bs = resolved_cuda_graph_config(sa).decode.layerwise_full_max_bs
     return LayerwiseDecodeBackend(
         cuda_graph_runner,
         full_max_bs=int(full_max_bs or 0),

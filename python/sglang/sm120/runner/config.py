@@ -347,6 +347,16 @@ def _describe_prefill(plan: Optional[PrefillPlan]) -> str:
     return f"{len(b)} token buckets {b[0]}..{b[-1]}, {plan.req_slots} request slots"
 
 
+def resolved_cuda_graph_config(server_args: Any):
+    """The CUDA-graph config in force at run time: on 0.5.16 the ServerArgs field (resolved in
+    place); on 0.5.23 the published exec.graph bag, since that record keeps the raw input."""
+    from sglang.sm120 import upstream_api
+
+    if upstream_api.upstream_present() and upstream_api.has("runtime_context.get_exec"):
+        return upstream_api.require("runtime_context.get_exec")().graph.cuda_graph_config
+    return _get(server_args, "cuda_graph_config")
+
+
 def phase_backend(server_args: Any, phase: str) -> Optional[str]:
-    cfg = _get(server_args, "cuda_graph_config")
+    cfg = resolved_cuda_graph_config(server_args)
     return getattr(getattr(cfg, phase, None), "backend", None) if cfg is not None else None

@@ -81,9 +81,21 @@ def _down_tma_supported() -> bool:
 # ------------------------------------------------------------------------------------------------
 # gate
 # ------------------------------------------------------------------------------------------------
+# The upstream bases whose Triton MoE launches the lean step reproduces argument for argument.
+# 0.5.23's invoke_fused_moe_kernel takes more arguments (a fused SwiGLU among them) and its
+# launcher prepares them differently; until the step is ported there, its layers keep upstream's
+# path (the gate says so once per layer).
+LEAN_STEP_BASES = ("0.5.16",)
+
+
 def layer_refusal(layer) -> Optional[str]:
     """Why `layer.forward` would not take the plain Triton path the lean step reproduces; None
     when it would."""
+    from sglang.sm120 import upstream_api
+
+    base = upstream_api.check_installed()
+    if base not in LEAN_STEP_BASES:
+        return f"the lean step is not ported to upstream sglang {base} (it reproduces {', '.join(LEAN_STEP_BASES)})"
     from sglang.srt.batch_invariant_ops import is_batch_invariant_mode_enabled
     from sglang.srt.layers.moe.fused_moe_triton.layer import FusedMoE
     from sglang.srt.layers.moe.moe_runner.triton import fused_experts_none_to_triton
