@@ -29,9 +29,11 @@ else
   out="$STAGE/fork-wheel"
   rm -rf "$out"
   mkdir -p "$out"
-  echo "deploy/install.sh: building the fork wheel from $REPO against $(basename "$upstream")"
+  # The staged upstream wheel names the base to build on (sglang-<version>-cpXY-...).
+  base="$(basename "$upstream" | cut -d- -f2)"
+  echo "deploy/install.sh: building the fork wheel from $REPO on base $base against $(basename "$upstream")"
   start=$SECONDS
-  (cd "$REPO" && SGLANG_UPSTREAM_WHEEL="$upstream" "$PY" -m pip wheel . --no-deps --no-build-isolation \
+  (cd "$REPO" && SGLANG_SM120_BASE="$base" SGLANG_UPSTREAM_WHEEL="$upstream" "$PY" -m pip wheel . --no-deps --no-build-isolation \
       --no-index --disable-pip-version-check -w "$out") || die "building the fork wheel failed (see above)"
   shopt -s nullglob
   built=("$out"/sglang-*.whl)
