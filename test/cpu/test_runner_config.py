@@ -30,7 +30,11 @@ def _phase(backend, **kw):
 
 
 def _args(decode="layerwise", prefill="layerwise", locked=(), **kw):
-    sa = SimpleNamespace(
+    from sglang.sm120.upstream_api import SERVER_ARGS_FIELDS
+
+    # every upstream field the overlay reads (upstream_api), unset unless given below
+    sa = SimpleNamespace(**{f: None for f in SERVER_ARGS_FIELDS})
+    sa.__dict__.update(
         cuda_graph_config=SimpleNamespace(
             decode=_phase(decode, max_bs=256, bs=list(range(1, 257))),
             prefill=_phase(prefill, max_bs=8192, bs=list(range(4, 8193, 4))),
@@ -470,3 +474,14 @@ def test_a_missing_server_args_method_is_an_error_not_a_default():
     del sa.use_mla_backend
     with pytest.raises(AttributeError, match="use_mla_backend"):
         C.incompatibilities(sa, "prefill")
+
+
+def test_an_undeclared_or_missing_server_args_field_is_an_error():
+    sa = _args()
+    with pytest.raises(KeyError, match="not declared"):
+        C._get(sa, "no_such_field")
+    del sa.enable_torch_compile
+    with pytest.raises(AttributeError, match="enable_torch_compile"):
+        C.incompatibilities(sa, "decode")
+    del sa.cuda_graph_tc_compiler  # a base without it (0.5.23): the declared default
+    assert C._get(sa, "cuda_graph_tc_compiler") is None

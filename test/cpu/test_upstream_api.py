@@ -14,6 +14,8 @@ from forkbuild.build import read_upstream
 
 API = load_api(REPO)
 OVERLAY = REPO / "python" / "sglang" / "sm120"
+# upstream's packages the overlay may reach (sglang._version is read only to name a source tree's base)
+UPSTREAM_PACKAGES = ("sglang.srt", "sglang.jit_kernel", "sglang.kernels")
 
 
 def _tree(text_by_path):
@@ -89,13 +91,13 @@ def _overlay_upstream_imports():
         if path.name == "upstream_api.py" or "tiny" in path.relative_to(OVERLAY).parts:
             continue
         for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith(("sglang.srt", "sglang.jit_kernel")):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith(UPSTREAM_PACKAGES):
                 found += [(path.name, node.module, a.name) for a in node.names]
             elif isinstance(node, ast.Import):
-                found += [(path.name, a.name, None) for a in node.names if a.name.startswith("sglang.srt")]
+                found += [(path.name, a.name, None) for a in node.names if a.name.startswith(UPSTREAM_PACKAGES)]
             elif (isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "import_module"
                   and node.args and isinstance(node.args[0], ast.Constant)
-                  and str(node.args[0].value).startswith("sglang.srt")):
+                  and str(node.args[0].value).startswith(UPSTREAM_PACKAGES)):
                 found.append((path.name, node.args[0].value, None))
     return found
 

@@ -43,7 +43,7 @@ def served_names(tokenizer_manager) -> Set[str]:
 
 
 def adapter_names(tokenizer_manager) -> Set[str]:
-    if not getattr(tokenizer_manager.server_args, "enable_lora", False):
+    if not tokenizer_manager.server_args.enable_lora:
         return set()
     registry = tokenizer_manager.lora_registry
     return {ref.lora_name for ref in registry.get_all_adapters().values()}

@@ -176,6 +176,11 @@ ANCHORS: Dict[str, Dict[str, Optional[str]]] = {
     # runner/prewarm.py: sampling kernels and the Triton attention check it warms before capture
     "sampler": _both("sglang.srt.layers.sampler"),
     "support_triton": _both("sglang.srt.utils.common:support_triton"),
+    "write_req_to_token_pool_triton": _both("sglang.kernels.ops.memory.common:write_req_to_token_pool_triton"),
+    "create_flashinfer_kv_indices_triton": {
+        "0.5.16": "sglang.kernels.ops.kvcache.kv_indices:create_flashinfer_kv_indices_triton",
+        "0.5.23": "sglang.kernels.ops.attention.kv_indices:create_flashinfer_kv_indices_triton",
+    },
     # fp4_linear.py: how upstream swaps a parameter in place (keeps CUDA-graph addresses)
     "copy_or_rebind_param": _both("sglang.srt.layers.utils.common:copy_or_rebind_param"),
     # model_names.py (patch 0401): the OpenAI serving base the model-name check hooks into
@@ -226,7 +231,16 @@ SERVER_ARGS_FIELDS = (
     "sampling_backend", "attention_backend", "prefill_attention_backend", "decode_attention_backend",
     "enable_deterministic_inference", "enable_fused_moe_sum_all_reduce", "cuda_graph_config",
     "cuda_graph_backend_decode", "cuda_graph_backend_prefill", "disable_cuda_graph", "fp4_gemm_runner_backend",
+    "chunked_prefill_size", "max_running_requests", "tp_size",
 )
+
+# Attributes the overlay reads from ServerArgs that a base or a moment may lack, and why reading
+# them with a default is right there (runner/config.py `_get`).
+OPTIONAL_ATTRS = {
+    "cuda_graph_tc_compiler": "0.5.16's tc_piecewise compiler flag; 0.5.22 removed it with the backend",
+    "_cuda_graph_config_locked": "set by upstream's cuda-graph parse step; a record it has not run on has none",
+    "cuda_graph_layerwise_every_size": "the fork's own field (patch 0102); upstream lacks it by design",
+}
 
 # Where a base declares ServerArgs fields: (module, class name or None for every class in it).
 FIELD_HOMES = {

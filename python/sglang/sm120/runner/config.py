@@ -63,8 +63,21 @@ def select_layerwise_for_unset_phases(namespace) -> List[str]:
 
 
 def _get(sa, name, default=None):
+    """A ServerArgs attribute. The upstream fields read here are declared in upstream_api
+    (SERVER_ARGS_FIELDS, checked on every base), so a missing one is an error, never `default`;
+    `default` stands in for the attributes upstream_api.OPTIONAL_ATTRS names, and when a property
+    raises on a partial ServerArgs."""
+    from sglang.sm120 import upstream_api
+
+    if name not in upstream_api.SERVER_ARGS_FIELDS and name not in upstream_api.OPTIONAL_ATTRS:
+        raise KeyError(f"ServerArgs.{name}: not declared in sglang/sm120/upstream_api.py")
     try:
         return getattr(sa, name)
+    except AttributeError:
+        if name in upstream_api.SERVER_ARGS_FIELDS:
+            raise AttributeError(f"{type(sa).__name__} has no field {name}, which upstream_api declares "
+                                 "for every base") from None
+        return default
     except Exception:  # noqa: BLE001 - properties on a partial ServerArgs may raise
         return default
 

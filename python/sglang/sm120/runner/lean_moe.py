@@ -141,9 +141,9 @@ def layer_refusal(layer) -> Optional[str]:
     if cfg.top_k == 1 and cfg.routed_scaling_factor not in (None, 1.0):
         return "top_k 1 with a routed scaling factor"
     sa = get_server_args()
-    if getattr(sa, "enable_deterministic_inference", False) or is_batch_invariant_mode_enabled():
+    if sa.enable_deterministic_inference or is_batch_invariant_mode_enabled():
         return "deterministic inference (batch-invariant mode)"
-    if getattr(sa, "enable_fused_moe_sum_all_reduce", False):
+    if sa.enable_fused_moe_sum_all_reduce:
         return "--enable-fused-moe-sum-all-reduce"
     if mab._SGLANG_EXPERIMENTAL_LORA_OPTI:
         return "SGLANG_EXPERIMENTAL_LORA_OPTI (another align kernel)"

@@ -44,8 +44,10 @@ def warm_sampling(model_runner) -> None:
 
 def warm_kv_index_writes(model_runner) -> None:
     try:
-        from sglang.kernels.ops.memory.common import write_req_to_token_pool_triton
-        from sglang.srt.utils.common import support_triton
+        from sglang.sm120 import upstream_api
+
+        write_req_to_token_pool_triton = upstream_api.require("write_req_to_token_pool_triton")
+        support_triton = upstream_api.require("support_triton")
 
         server_args = getattr(model_runner, "server_args", None)
         if server_args is None or not support_triton(server_args.attention_backend):
@@ -69,14 +71,16 @@ def warm_kv_index_writes(model_runner) -> None:
 
 def _uses_flashinfer(server_args) -> bool:
     names = ("attention_backend", "prefill_attention_backend", "decode_attention_backend")
-    return any(getattr(server_args, n, None) == "flashinfer" for n in names)
+    return server_args is not None and any(getattr(server_args, n) == "flashinfer" for n in names)
 
 
 def warm_flashinfer_kv_indices(model_runner) -> None:
     if not _uses_flashinfer(getattr(model_runner, "server_args", None)):
         return
     try:
-        from sglang.kernels.ops.kvcache.kv_indices import create_flashinfer_kv_indices_triton
+        from sglang.sm120 import upstream_api
+
+        create_flashinfer_kv_indices_triton = upstream_api.require("create_flashinfer_kv_indices_triton")
 
         req_to_token = model_runner.req_to_token_pool.req_to_token
         device = req_to_token.device
