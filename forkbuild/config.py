@@ -82,6 +82,12 @@ def bases(path: Path | None = None) -> list[str]:
     return list(_read(path).get("base", {}))
 
 
+def default_base(path: Path | None = None) -> str | None:
+    """The base a build takes when SGLANG_SM120_BASE is unset."""
+    path = path or REPO / "UPSTREAM.toml"
+    return _read(path).get("upstream", {}).get("default")
+
+
 def load_pin(path: Path | None = None, base: str | None = None) -> Pin:
     """The pin of one base: `base`, else $SGLANG_SM120_BASE, else [upstream].default."""
     path = path or REPO / "UPSTREAM.toml"

@@ -13,7 +13,7 @@ from pathlib import Path
 
 # UPSTREAM.toml has one reader: the fork build's own (forkbuild/ at the repository root).
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from forkbuild.config import bases, load_pin  # noqa: E402
+from forkbuild.config import bases, default_base, load_pin  # noqa: E402
 from forkbuild.errors import BuildError  # noqa: E402
 
 
@@ -32,11 +32,12 @@ class ForkPin:
 
 
 def load_fork_pin(path: Path, version: str | None = None) -> ForkPin | None:
-    """The pin of base `version` when UPSTREAM.toml has it, else of the build's chosen base."""
+    """The pin of base `version` when that UPSTREAM.toml has it, else of its default base (not
+    SGLANG_SM120_BASE: that picks this checkout's build, and the pin file may be another's)."""
     if not path.is_file():
         return None
     try:
-        pin = load_pin(path, base=version if version in bases(path) else None)
+        pin = load_pin(path, base=version if version in bases(path) else default_base(path))
     except BuildError as e:
         raise ForkPinError(f"--upstream-pin {path}: cannot read the upstream pin ({e})") from None
     return ForkPin(

@@ -10,7 +10,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from forkbuild.config import load_pin, running_python_tag  # noqa: E402
+from forkbuild.config import bases, load_pin, running_python_tag  # noqa: E402
 from forkbuild.upstream import fetch_pinned  # noqa: E402
 
 BUILD_PARTS = ("setup.py", "pyproject.toml", "UPSTREAM.toml", "forkbuild", "patches", "python")
@@ -19,6 +19,11 @@ BUILD_PARTS = ("setup.py", "pyproject.toml", "UPSTREAM.toml", "forkbuild", "patc
 def series_dir(repo: Path = REPO) -> Path:
     """The chosen base's patch series folder (patches/<version>/) in `repo`."""
     return repo / "patches" / load_pin().version
+
+
+def gpu_verified_base() -> str:
+    """The base UPSTREAM.toml marks as verified on the GPU host (the one its tooling serves)."""
+    return next(b for b in bases() if load_pin(base=b).verified.startswith("GPU"))
 
 
 def pinned_wheel() -> Path:

@@ -75,7 +75,11 @@ def test_the_captured_attention_prefill_backend_applies_it_for_its_capture_sessi
     runner = SimpleNamespace(device_module=FakeDeviceModule(),
                              model_runner=SimpleNamespace(tp_group=FakeTP(), attn_backend=attn),
                              capture_num_tokens=[128, 1024], device="cpu")
-    backend = LayerwisePrefillBackend(runner)
+    from sglang.srt.runtime_context import get_parallel
+
+    # upstream's backends take the TP group from the model runner (0.5.16) or the runtime context (0.5.23)
+    with get_parallel().override(tp_group=FakeTP()):
+        backend = LayerwisePrefillBackend(runner)
     monkeypatch.setattr("sglang.sm120.runner.backend.FullCudaGraphBackend.capture_session",
                         lambda self, stream: __import__("contextlib").nullcontext())
     with backend.capture_session(None):

@@ -29,6 +29,7 @@ def _runner(cls, monkeypatch, calls):
     )
     r._prefill_forward_context = lambda fb, **kw: contextlib.nullcontext()
     r._get_layer_model_positions = lambda fb: fb.positions
+    r.buffers = SimpleNamespace(pp_proxy_tensors=None)  # 0.5.23 reads it (no pipeline parallelism here)
     monkeypatch.setattr(P, "set_dp_buffer_len", lambda *a, **k: None)
     monkeypatch.setattr(P, "set_is_extend_in_batch", lambda *a, **k: None)
     return r
