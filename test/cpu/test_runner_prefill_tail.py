@@ -25,11 +25,14 @@ def _runner(cls, monkeypatch, calls):
     r.prefill_backend_name = Backend.LAYERWISE
     r.layer_model = SimpleNamespace(forward=lambda *a, **k: calls.append("body") or "hidden")
     r.model_runner = SimpleNamespace(
-        model=SimpleNamespace(forward=lambda *a, **k: calls.append("model+logits") or "logits")
+        model=SimpleNamespace(forward=lambda *a, **k: calls.append("model+logits") or "logits"),
+        _pp_kwargs=lambda proxy: {},  # 0.5.23 asks the model runner (no pipeline parallelism here)
     )
     r._prefill_forward_context = lambda fb, **kw: contextlib.nullcontext()
     r._get_layer_model_positions = lambda fb: fb.positions
-    r.buffers = SimpleNamespace(pp_proxy_tensors=None)  # 0.5.23 reads it (no pipeline parallelism here)
+    # 0.5.23 reads these too: no pipeline parallelism, no Qwen hidden-state side channel here
+    r.buffers = SimpleNamespace(pp_proxy_tensors=None)
+    r._qwen_bcg_hc_sidechannel = False
     monkeypatch.setattr(P, "set_dp_buffer_len", lambda *a, **k: None)
     monkeypatch.setattr(P, "set_is_extend_in_batch", lambda *a, **k: None)
     return r
