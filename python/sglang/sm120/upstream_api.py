@@ -11,8 +11,11 @@ attributes of ServerArgs itself, on 0.5.23 of the namespace classes in arg_group
 
 Checked twice, by the same code (`missing`), which reads source text only (stdlib, no import of
 sglang or torch): at build time against the chosen base's patched tree (forkbuild/anchors.py; a
-missing anchor fails the build naming it) and at import of this module against the installed
-package (`check_installed`, run once; a failure raises UpstreamAnchorError).
+missing anchor fails the build naming it) and in the installed package by `check_installed`
+(once a process: when runner.hooks is imported, which the series does first, on the first
+`has`/`require`, and by `python -m sglang.sm120 info`); a failure raises UpstreamAnchorError.
+`check_installed` also refuses an environment holding another base's torch, flashinfer-python or
+sglang-kernel (the build records the base's exact pins).
 """
 from __future__ import annotations
 
