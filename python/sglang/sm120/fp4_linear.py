@@ -23,28 +23,17 @@ Path choice per call (M = tokens):
 from __future__ import annotations
 
 import logging
-import os
 from typing import Optional
 
 import torch
 
-from sglang.sm120 import kernels
+from sglang.sm120 import kernels, settings
 from sglang.sm120.kernels import ops as kops
 
 logger = logging.getLogger(__name__)
 
-W4A16_MAX_M = int(os.environ.get("SGLANG_SM120_FP4_W4A16_MAX_M", "64"))
-LARGE_M_PATH = os.environ.get("SGLANG_SM120_FP4_LARGE_M", "w4a4").strip().lower()
-if LARGE_M_PATH not in ("w4a4", "w4a16"):
-    raise ValueError(f"SGLANG_SM120_FP4_LARGE_M must be 'w4a4' or 'w4a16', got {LARGE_M_PATH!r}")
-
-
-def is_supported_device(device: Optional[torch.device] = None) -> bool:
-    """The kernels run on SM120 (native) and SM90 (portable path, FP4 MMA emulated)."""
-    if not torch.cuda.is_available():
-        return False
-    major, _ = torch.cuda.get_device_capability(device)
-    return major in (9, 12) and kernels.available()
+W4A16_MAX_M = settings.integer("SGLANG_SM120_FP4_W4A16_MAX_M")
+LARGE_M_PATH = settings.choice("SGLANG_SM120_FP4_LARGE_M")
 
 
 def _rebind(layer: torch.nn.Module, name: str, value: torch.Tensor) -> None:
