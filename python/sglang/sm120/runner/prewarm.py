@@ -4,11 +4,11 @@ The runners' warm pass covers every captured forward. Two things run outside it 
 request and would JIT-compile (a compiler subprocess) after capture:
   - sampling: with sglang's default sampling backend (FlashInfer) the first non-greedy request
     builds the sampling kernels; each entry point sglang uses runs once here;
-  - the scheduler's KV-index write for extend batches (Triton `write_req_to_token_pool_triton`,
-    first H200 trap run): Triton specialises on 16-byte pointer alignment, and `out_cache_loc` is
+  - the scheduler's KV-index write for extend batches (Triton `write_req_to_token_pool_triton`):
+    Triton specialises on 16-byte pointer alignment, and `out_cache_loc` is
     a slice of the allocator's free list at any offset, so both alignments are built;
   - FlashInfer's KV-index build (Triton `create_flashinfer_kv_indices_triton`) for batches that
-    run eagerly (sizes outside the captured set; second H200 trap run): the eager path passes
+    run eagerly (sizes outside the captured set): the eager path passes
     int64 request/length tensors where the captured path's buffers may be int32, and Triton
     compiles per dtype and per None-ness of `kv_start_idx`, so every combination is built.
 Best effort: a failure is logged, never fatal (the trap would then name what still compiles).

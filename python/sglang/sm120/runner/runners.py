@@ -149,10 +149,10 @@ class LayerwisePrefillRunner(_DeferredCaptureMixin, PrefillCudaGraphRunner):
         # Upstream decides this from the backend *name* (breakable / full). Both layerwise
         # prefill backends subclass those and must take the same path: capture the transformer
         # body only (layer_model.forward) and run LM head + logits processor eagerly on the real
-        # batch. Without this the name 'layerwise' selected the tc_piecewise path: the LM head
-        # and logits processor were captured with the dummy batch's request slots (other GEMM
-        # shapes than eager, so other rounding: first-token flips on the H200), and every
-        # return_logprob prefill silently ran eagerly.
+        # batch. Otherwise the name 'layerwise' selects the tc_piecewise path: the LM head and
+        # logits processor would be captured with the dummy batch's request slots (other GEMM
+        # shapes than eager, so other rounding and different first tokens), and every
+        # return_logprob prefill would silently run eagerly.
         return True
 
     def _lw_warm_eager_paths(self) -> None:
