@@ -152,8 +152,9 @@ SETTINGS: Tuple[Setting, ...] = (
        "Lean MoE steps read the tensors their segment wrote instead of copies staged into static "
        "buffers (one copy fewer per MoE input).", off="off, the default"),
     _s("LAYERWISE_TIMING", "switch", False, "runtime",
-       "Diagnostics: per-size warm / capture times and memory readings in the log (adds a device "
-       "sync per captured size)."),
+       "Diagnostics: the capture report (stderr JSON) adds each captured size's memory (a device "
+       "sync and allocator snapshot around its capture), and the eager steps' host time per size "
+       "is printed at exit."),
     _s("LAYERWISE_PROFILE", "path", None, "runtime",
        "With LAYERWISE_TIMING=1: cProfile of the eager steps between segments, written to this file "
        "at exit (the profiler slows those steps)."),
@@ -200,13 +201,15 @@ SETTINGS: Tuple[Setting, ...] = (
     # ---- build: setup.py / forkbuild
     _s("KERNELS", "choice", "auto", "build",
        "Build the CUDA kernels into the wheel: auto (when nvcc is found), 1 (required), 0 (CPU-only "
-       "wheel).", choices=("auto", "0", "1")),
+       "wheel).", choices=("auto", "0", "1"), fold_case=True,
+       aliases={"no": "0", "false": "0", "off": "0", "yes": "1", "true": "1", "on": "1"}),
     _s("ARCHS", "str", "sm_90a,sm_120a", "build",
        "Comma list of GPU architectures the kernels are compiled for."),
     _s("BUILD_JOBS", "int", 0, "build",
        "Parallel nvcc jobs; 0 = the CPU count.", minimum=0),
     _s("SASS_CHECK", "switch", True, "build",
-       "Check the compiled SASS for the instructions the kernels rely on; 0 skips the check."),
+       "After the kernel build, refuse a library whose SASS reads uniform registers it never "
+       "writes (a ptxas mis-encoding that faults on the GPU); 0 skips the check."),
     _s("CACHE", "path", None, "build",
        "Cache folder of downloaded upstream wheels (default: $XDG_CACHE_HOME/sglang-sm120)."),
     _s("INDEX_URL", "str", None, "build",
@@ -251,9 +254,10 @@ FLAGS: Tuple[Flag, ...] = (
     Flag("--cuda-graph-backend-prefill layerwise", "upstream's",
          "Prefill: per-layer CUDA graphs with the MoE eager between them, at the planned token "
          "buckets.", "patches/0101, 0102"),
-    Flag("--cuda-graph-config decode.layerwise_full_max_bs=N", "resolved by the runner",
-         "Layerwise decode: batch sizes up to N use upstream's full graphs; 0 = per-layer graphs "
-         "at every size.", "patches/0101"),
+    Flag("""--cuda-graph-config '{"decode": {"layerwise_full_max_bs": N}}'""",
+         "upstream's default decode max batch size (an explicit --cuda-graph-max-bs-decode: at most 256)",
+         "Layerwise decode: batch sizes up to N use upstream's full graphs, larger ones per-layer "
+         "graphs; 0 = per-layer graphs at every size.", "patches/0101"),
     Flag("--cuda-graph-layerwise-every-size", "off",
          "Layerwise decode captures every batch size as per-layer graphs (same as "
          "layerwise_full_max_bs=0).", "patches/0102"),
