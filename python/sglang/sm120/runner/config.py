@@ -137,7 +137,7 @@ def _fall_back(sa, cfg, phase: str) -> str:
     fallback backend is checked here against upstream's own rules for it: an MLA model must not
     get 'breakable' prefill graphs, which upstream disables for MLA ("MLA prefill takes a
     different attn-forward path under BCG"), or its prefill diverges from upstream's own, which
-    runs eagerly there (docs/runner.md 5.10)."""
+    runs eagerly there (docs/runner.md, "Sizes" and "Correctness")."""
     backend = _upstream_default(phase)
     getattr(cfg, phase).backend = backend
     rule = _UPSTREAM_PREFILL_RULES.get(backend) if phase == PREFILL else None

@@ -1,7 +1,7 @@
 """Lean eager MoE step for the layerwise runner: upstream's Triton MoE kernels, launched directly.
 
 Between two graph segments the MoE runs eagerly on every layer of every step, and upstream's
-path spends most of its host time outside the kernels (docs/runner.md 5.4): the dispatcher /
+path spends most of its host time outside the kernels (docs/runner.md, "Lean eager MoE"): the dispatcher /
 quant-method / runner chain, the `torch.ops.sglang` custom op, a config lookup and seven
 `torch.empty` per call, and a copy from the staging buffer to the layer's output. Here, once per
 (layer shape, batch size), the same config is looked up through upstream's own function, and
@@ -12,7 +12,7 @@ its torch custom-op wrapper), and the combine writes straight into the boundary'
 
 Only the unquantized Triton path is taken, and only where it is the path upstream would take
 (`refusal` says why not, logged once per reason). On by default (its results equal upstream's
-path bit for bit, docs/runner.md 5.4); SGLANG_SM120_LEAN_MOE=0 turns it off. For decode and for
+path bit for bit, docs/runner.md, "Lean eager MoE"); SGLANG_SM120_LEAN_MOE=0 turns it off. For decode and for
 the captured-attention prefill buckets up to SGLANG_SM120_LEAN_MOE_PREFILL_TOKENS (default 4096):
 the workspace grows with the rows (intermediate activations of every row at the largest bucket).
 The boundary (ProbeSession) runs both paths on the warmup inputs of every size and keeps this

@@ -11,7 +11,7 @@ default) hands FlashInfer its own `auto` rule, which takes the FA3 paged kernels
 on SM90 where they support the dtypes and mask (the same compiled module as the ragged FA3
 prefill) and FA2 everywhere else, SM120 included; `fa2` keeps upstream's choice; `fa3` insists
 on FA3 and is refused off SM90. Only the wrappers built while layerwise prefill captures take
-it: eager paths keep their own (docs/runner.md 5.8).
+it: eager paths keep their own (docs/runner.md, "Captured prefill attention").
 """
 from __future__ import annotations
 
