@@ -67,7 +67,7 @@ from pathlib import Path
 from typing import Dict, List, Optional
 
 import pytest
-from tinymodels import TP, tiny_model, tiny_root  # noqa: F401 (fixture)
+from tinymodels import DSA_ARCH, TP, dsa_engine_kwargs, dsa_env, tiny_model, tiny_root  # noqa: F401 (fixture)
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow]
 
@@ -88,7 +88,9 @@ _LARGEST_BATCH_TOKENS = max(BATCH_SIZES) * (max(PROMPT_LENS) + NEW_TOKENS)
 if MAX_TOKENS is not None and MAX_TOKENS < _LARGEST_BATCH_TOKENS:
     raise ValueError(f"SGLANG_SM120_GPU_MAX_TOKENS={MAX_TOKENS} is below the {_LARGEST_BATCH_TOKENS} "
                      "tokens the largest batch of the grid holds at once")
-MODELS = [("qwen3_moe", "bf16"), ("qwen3_moe", "nvfp4"), ("deepseek_v2", "bf16"), ("deepseek_v2", "nvfp4")]
+MODELS = [(a, q) for a in ("qwen3_moe", "deepseek_v2", "glm_moe_dsa", "glm4_moe") for q in ("bf16", "nvfp4")]
+# GQA archs get layerwise prefill (MLA keeps upstream's prefill: docs/runner.md 5.10)
+GQA_ARCHS = ("qwen3_moe", "glm4_moe")
 TEST_MODES = ["full", "layerwise", "every_size"]
 LAYERWISE_MODES = ("layerwise", "every_size")
 CAPTURE_TAG = "SM120_LAYERWISE_CAPTURE"
@@ -113,7 +115,7 @@ def mode_kwargs(mode: str, arch: str) -> dict:
         # Layerwise prefill is modeled on upstream's fixed-slot 'full' prefill; for MLA layerwise
         # falls back to the prefill upstream resolves (disabled), as here (docs/runner.md 5.10).
         kw = dict(cuda_graph_backend_decode="full")
-        if arch == "qwen3_moe":
+        if arch in GQA_ARCHS:
             buckets, slots = control_prefill_plan()
             kw["cuda_graph_config"] = {"prefill": {"backend": "full", "bs": buckets, "max_bs": max(buckets),
                                                    "full_prefill_max_req": slots}}
@@ -248,7 +250,7 @@ def device_capability():
 def same_kernels_as_control(arch: str, prefill_attention: str, capability) -> bool:
     """Whether a layerwise engine runs the control's kernels: MLA keeps upstream's prefill, and the
     captured MHA prefill attention is upstream's FA2 plan unless `auto` takes FA3 (SM90 only)."""
-    if arch != "qwen3_moe":
+    if arch not in GQA_ARCHS:
         return True
     return prefill_attention == "fa2" or (prefill_attention == "auto" and capability[0] != 9)
 
@@ -332,15 +334,25 @@ def request_groups(vocab: int):
     return groups
 
 
+def attention_kwargs(arch: str) -> dict:
+    """FlashInfer attention, except GLM-5's DSA, which has its own backend (tinymodels.dsa_flags)."""
+    return dsa_engine_kwargs() if arch == DSA_ARCH else {"attention_backend": "flashinfer"}
+
+
 def run_engine(model_dir: Path, mode: str, arch: str, groups, trap_log: Path, passes: int = 1):
     import sglang
 
     os.environ["SGLANG_SM120_TRAPS"] = "log"
     os.environ["SGLANG_SM120_TRAP_LOG"] = str(trap_log)
     os.environ[DYNAMO_FREE_ENV] = "1"
+    for name, value in dsa_env().items():  # engines of other archs must not inherit them
+        if arch == DSA_ARCH:
+            os.environ[name] = value
+        else:
+            os.environ.pop(name, None)
     engine = sglang.Engine(
         model_path=str(model_dir),
-        attention_backend="flashinfer",
+        **attention_kwargs(arch),
         sampling_backend="flashinfer",
         max_running_requests=MAX_RUNNING,
         chunked_prefill_size=PREFILL_CHUNK,
@@ -467,7 +479,7 @@ def test_greedy_tokens_match_graphs_disabled(arch, quant, mode, tiny_root, tmp_p
         assert dec["full"] == [] and 1 in dec["layerwise"], dec
     else:
         assert (1 in dec["full"]) or not dec["moe_capturable"], dec
-    if arch == "qwen3_moe":  # MLA (deepseek_v2) keeps upstream's prefill (see docs/runner.md)
+    if arch in GQA_ARCHS:  # MLA (deepseek_v2, glm_moe_dsa) keeps upstream's prefill (see docs/runner.md)
         assert "prefill" in reports and reports["prefill"]["layerwise"], reports
         # the control captured the same prefill buckets (with the same slots: control_prefill_plan)
         assert reports["prefill"]["layerwise"] == control_prefill_plan()[0], reports["prefill"]
