@@ -233,6 +233,10 @@ SETTINGS: Tuple[Setting, ...] = (
        "GPU tests start their servers at the same time; 0 starts them one at a time."),
     _s("TEST_SERVER_ARGS", "str", None, "test",
        "Replaces the GPU test server's argument list (shell syntax)."),
+    _s("TEST_DSA_ARGS", "str", None, "test",
+       "Replaces the server flags the GPU tests give DSA (glm_moe_dsa) models (shell syntax)."),
+    _s("TEST_LAUNCH_LINE", "str", None, "test",
+       "Replaces the usual flags of the GLM-5 launch-line GPU test (shell syntax)."),
     _s("TEST_STARTUP_TIMEOUT", "float", 600.0, "test",
        "Seconds a GPU test waits for its server to become ready.", minimum=0),
     # ---- tools: deploy/, lab/, benchmarks/, tools/
