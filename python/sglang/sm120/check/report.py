@@ -132,7 +132,7 @@ def markdown(result: Dict) -> str:
               f"Microseconds per linear-layer call (median of CUDA-graph replays over weight copies larger than L2); "
               f"(x) = that backend's time / sm120's (> 1: sm120 faster); % copy BW against "
               f"{tm.get('copy_bw_tbps')} TB/s measured on this GPU in this run; launch floor "
-              f"{tm.get('launch_floor_us')} us.", ""]
+              f"{tm.get('launch_floor_us')} us. sm120's W4A4 path (M above the W4A16 limit): {tm.get('w4a4')}.", ""]
         L += timing_table(tm, markdown=True)
         L += ["", "Upstream FP4 backends:", ""]
         for b, info in (tm.get("backends") or {}).items():

@@ -128,7 +128,10 @@ def run(shapes: Sequence[Tuple[str, int, int]], ms: Sequence[int], reps: int, lo
         backends[b] = {"description": st["description"], "available": st["shapes_ok"] > 0,
                        "reason": None if st["shapes_ok"] else "; ".join(st["errors"]) or "not tried",
                        "failed_shapes": {why: shp for why, shp in st["errors"].items()} if st["shapes_ok"] else {}}
-    return {"copy_bw_tbps": round(copy_bw / 1e12, 3), "copy_bw_tbps_by_method": by_way,
+    major = torch.cuda.get_device_capability()[0]
+    w4a4 = ("hardware FP4 MMA" if major == 12 else
+            "emulated (no FP4 MMA on this GPU: sm120 rows above the W4A16 limit measure the emulation, not SM120 speed)")
+    return {"w4a4": w4a4, "copy_bw_tbps": round(copy_bw / 1e12, 3), "copy_bw_tbps_by_method": by_way,
             "launch_floor_us": round(floor, 3), "reps": reps, "rows": rows, "backends": backends,
             "summary": summarize(rows), "seconds": round(time.time() - t0, 1)}
 

@@ -63,9 +63,10 @@ def _method():
     return ModelOptFp4LinearMethod(ModelOptFp4Config(is_checkpoint_nvfp4_serialized=True, group_size=16))
 
 
-def upstream_layer(q: dict, n: int, k: int, input_scale: torch.Tensor, backend: str):
+def upstream_layer(q: dict, n: int, k: int, input_scale: torch.Tensor, backend: Optional[str]):
     """(method, layer) after upstream's create_weights, loading of `q` (modelopt tensors) and
-    process_weights_after_loading with `backend` selected."""
+    process_weights_after_loading with `backend` selected (None: the process's backend as it
+    stands, and whatever processing changes about it stays)."""
     method = _method()
     layer = torch.nn.Module()
     method.create_weights(layer, k, [n], k, n, torch.bfloat16, weight_loader=lambda *a, **kw: None)
@@ -74,8 +75,11 @@ def upstream_layer(q: dict, n: int, k: int, input_scale: torch.Tensor, backend: 
     layer.weight_scale.data = q["weight_scale"].clone()
     layer.weight_scale_2.data = q["weight_scale_2"].reshape(1).float().to(dev)
     layer.input_scale.data = input_scale.reshape(1).float().to(dev)
-    with runner_backend(backend):
+    if backend is None:
         method.process_weights_after_loading(layer)
+    else:
+        with runner_backend(backend):
+            method.process_weights_after_loading(layer)
     return method, layer
 
 
