@@ -240,3 +240,28 @@ def test_the_fork_cli_dispatches_check_and_exits_2_without_a_gpu():
     proc = subprocess.run([sys.executable, "-m", "sglang.sm120", "check", "--help"], capture_output=True, text=True,
                           timeout=300, cwd="/")
     assert proc.returncode == 0 and "--shapes" in proc.stdout and "--tp" in proc.stdout
+
+
+def test_clone_layer_copies_upstreams_parameter_classes_and_keeps_aliases():
+    import copy
+
+    import torch
+
+    from sglang.sm120.check import upstream_fp4 as U
+    from sglang.srt.layers.utils import alias_or_bind_derived_param
+
+    layer = torch.nn.Module()
+    U._method().create_weights(layer, 128, [256], 128, 256, torch.bfloat16, weight_loader=lambda *a, **k: None)
+    with pytest.raises(TypeError):
+        copy.deepcopy(layer)  # why clone_layer exists
+    alias_or_bind_derived_param(layer, "weight_scale", "weight_scale_interleaved",
+                                torch.ones(256, 8).to(torch.float8_e4m3fn))
+    layer.workspace = torch.zeros(4)
+    c = U.clone_layer(layer)
+    assert c.weight_scale is c.weight_scale_interleaved and layer.weight_scale is layer.weight_scale_interleaved
+    for name in ("weight", "weight_scale", "input_scale", "weight_scale_2"):
+        a, b = getattr(layer, name), getattr(c, name)
+        assert isinstance(b, torch.nn.Parameter) and b.data_ptr() != a.data_ptr() and torch.equal(a.float(), b.float())
+    assert c.workspace.data_ptr() != layer.workspace.data_ptr()
+    assert (c.output_size_per_partition, c.input_size_per_partition, c.quant_config) == (
+        256, 128, layer.quant_config)

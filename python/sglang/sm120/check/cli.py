@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import os
 import sys
 import tempfile
 import time
@@ -167,7 +168,8 @@ def main(argv: Optional[Sequence[str]] = None, *, stages: Optional[Dict[str, Cal
     log = Progress(out)
     result: Dict = {"command": "python -m sglang.sm120 check " + " ".join(argv), "args": {
         k: (str(v) if isinstance(v, Path) else v) for k, v in vars(a).items()},
-        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "stages": {}}
+        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "stages": {},
+        "commit": os.environ.get("SGLANG_SM120_COMMIT")}  # where the build carries no git metadata
     ok, why = probe()
     if not ok:
         print(f"error: no CUDA GPU: {why}; the check runs on the GPU it validates", file=sys.stderr)

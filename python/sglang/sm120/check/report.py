@@ -115,7 +115,8 @@ def markdown(result: Dict) -> str:
          f"- sglang-sm120 {env.get('fork')} over upstream {env.get('upstream')} ({env.get('patches')} patches); "
          f"kernels {', '.join(env.get('kernel_archs') or []) or 'not loadable'}; flashinfer {env.get('flashinfer')}; "
          f"sglang-kernel {env.get('sglang_kernel')}",
-         f"- command: `{result.get('command')}`", f"- date: {result.get('date')}, {result.get('elapsed_s')} s",
+         f"- command: `{result.get('command')}`" + (f" at commit `{result['commit']}`" if result.get("commit") else ""),
+         f"- date: {result.get('date')}, {result.get('elapsed_s')} s",
          f"- result: **{'PASS' if result.get('exit_code') == 0 else 'FAIL'}** (exit code {result.get('exit_code')})",
          "", "## Targets", "", "| target | value | threshold | met |", "|---|---|---|---|"]
     for k, v in result.get("targets", {}).items():

@@ -9,7 +9,6 @@ over the device-to-device copy bandwidth measured in the same run on the same GP
 """
 from __future__ import annotations
 
-import copy
 import math
 import time
 from typing import Callable, Dict, List, Sequence, Tuple
@@ -37,7 +36,7 @@ def _ours_layers(q: dict, input_scale: torch.Tensor, copies: int) -> list:
 
     layer = _synthetic_layer(q, input_scale)
     fp4_linear.repack(layer)
-    return [layer] + [copy.deepcopy(layer) for _ in range(copies - 1)]
+    return [layer] + [U.clone_layer(layer) for _ in range(copies - 1)]
 
 
 def _ref(kind: str, x: torch.Tensor, input_scale, wd: torch.Tensor) -> torch.Tensor:

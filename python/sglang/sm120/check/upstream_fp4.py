@@ -13,7 +13,6 @@ unavailable with the reason.
 """
 from __future__ import annotations
 
-import copy
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Callable, List, Optional
@@ -83,6 +82,32 @@ def upstream_layer(q: dict, n: int, k: int, input_scale: torch.Tensor, backend: 
     return method, layer
 
 
+def clone_layer(layer: torch.nn.Module) -> torch.nn.Module:
+    """A copy of a processed layer with every tensor cloned (aliases stay aliases), other
+    attributes shared. copy.deepcopy cannot copy sglang's parameter classes (their __new__ takes
+    other arguments than torch.nn.Parameter passes)."""
+    memo: dict = {}
+
+    def clone(t: torch.Tensor) -> torch.Tensor:
+        if id(t) not in memo:
+            data = t.data.clone() if isinstance(t, torch.nn.Parameter) else t.clone()
+            memo[id(t)] = torch.nn.Parameter(data, requires_grad=False) if isinstance(t, torch.nn.Parameter) else data
+        return memo[id(t)]
+
+    c = torch.nn.Module()
+    for name, p in layer._parameters.items():
+        if p is not None:
+            c._parameters[name] = clone(p)
+    for name, b in layer._buffers.items():
+        if b is not None:
+            c._buffers[name] = clone(b)
+    for name, v in vars(layer).items():
+        if name.startswith("_") or name == "training":
+            continue
+        setattr(c, name, clone(v) if isinstance(v, torch.Tensor) else v)
+    return c
+
+
 def _direct_op(name: str) -> Callable:
     """y = x @ W^T through a kernel sglang 0.5.16 does not select, on the flashinfer_cutlass layout."""
     from sglang.srt.layers.quantization.fp4_utils import fp4_quantize
@@ -119,7 +144,7 @@ def prepare(name: str, q: dict, n: int, k: int, input_scale: torch.Tensor, copie
     else:
         op = _direct_op(name)
         _, layer = upstream_layer(q, n, k, input_scale, "flashinfer_cutlass")
-    return Prepared(name, [layer] + [copy.deepcopy(layer) for _ in range(copies - 1)], op)
+    return Prepared(name, [layer] + [clone_layer(layer) for _ in range(copies - 1)], op)
 
 
 def reason_of(exc: BaseException) -> str:
