@@ -60,6 +60,16 @@ def test_a_failing_check_falls_back_once_with_one_error_line_naming_shape_m_and_
     assert S.outcome() is res
 
 
+def test_a_failed_check_without_a_possible_fallback_stops_instead_of_serving():
+    verify = lambda n, k, dev: _outcome(False, n=n, k=k, m=1, path="W4A16", error="bad")  # noqa: E731
+
+    def no_upstream(reason):
+        raise ImportError("No module named 'sglang.srt'")
+
+    with pytest.raises(RuntimeError, match=r"self-check FAILED \(N=6144 K=2048 M=1 W4A16: bad\).*sglang.srt"):
+        S.ensure_verified(6144, 2048, "cuda:0", verify=verify, fall_back=no_upstream)
+
+
 @pytest.mark.parametrize("raw,site", [(None, ""), ("", ""), ("gemm", "gemm"), (" GEMM ", "gemm")])
 def test_fault_switch(env_value, raw, site):
     env_value(S.FAULT_INJECT_ENV, raw)

@@ -179,7 +179,12 @@ def ensure_verified(n: int, k: int, device, *, verify: Optional[Callable[..., Ou
             logger.info("sm120 NVFP4 self-check passed on this GPU: N=%d K=%d (%d rows checked), M=%s, %.2f s",
                         n, k, res.checked_n, ",".join(map(str, res.ms)), res.seconds)
         else:
-            res.fallback = fall_back(f"N={n} K={k} M={res.m} {res.path}: {res.error}")
+            what = f"N={n} K={k} M={res.m} {res.path}: {res.error}"
+            try:
+                res.fallback = fall_back(what)
+            except Exception as exc:  # never serve the unverified kernels: stop with both reasons
+                raise RuntimeError(f"sm120 NVFP4 self-check FAILED ({what}) and switching to upstream's "
+                                   f"backend failed: {type(exc).__name__}: {exc}") from exc
             logger.error("sm120 NVFP4 self-check FAILED: N=%d K=%d M=%s %s: %s -- this process uses "
                          "upstream's %s FP4 GEMM backend instead", n, k, res.m, res.path, res.error,
                          res.fallback)

@@ -16,14 +16,19 @@ TOP_LOGPROBS = 5
 MODES = ("disabled", "layerwise")
 
 
+# KV pool of the tiny model: the grids' largest batch holds ~10k tokens at once; a small fixed pool
+# keeps the engine's memory the same on a 32 GB card and a 141 GB one.
+MAX_TOTAL_TOKENS = 32768
+
+
 def engine_kwargs(mode: str, max_running: int, chunk: int) -> dict:
     """Graphs disabled for both phases, or the layerwise runner for both at every decode size
     (so that small batches run layerwise segments too, not upstream's full graphs)."""
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
     kw = dict(attention_backend="flashinfer", sampling_backend="flashinfer", max_running_requests=max_running,
-              chunked_prefill_size=chunk, mem_fraction_static=0.5, disable_radix_cache=True, random_seed=0,
-              log_level="error")
+              chunked_prefill_size=chunk, mem_fraction_static=0.3, max_total_tokens=MAX_TOTAL_TOKENS,
+              disable_radix_cache=True, random_seed=0, log_level="error")
     if mode == "disabled":
         kw.update(cuda_graph_backend_decode="disabled", cuda_graph_backend_prefill="disabled")
     else:
