@@ -112,7 +112,8 @@ def markdown(result: Dict) -> str:
     L = ["# sglang-sm120 check report", "",
          f"- GPU: {env.get('gpu')} ({env.get('arch')}, {env.get('sm_count')} SMs, {env.get('memory_gib')} GiB), "
          f"driver {env.get('driver')}, CUDA {env.get('cuda_runtime')}, torch {env.get('torch')}",
-         f"- sglang-sm120 {env.get('fork')} over upstream {env.get('upstream')} ({env.get('patches')} patches); "
+         f"- sglang-sm120 {env.get('fork') or '(not a fork build)'} over upstream {env.get('upstream') or '-'} "
+         f"({env.get('patches')} patches); "
          f"kernels {', '.join(env.get('kernel_archs') or []) or 'not loadable'}; flashinfer {env.get('flashinfer')}; "
          f"sglang-kernel {env.get('sglang_kernel')}",
          f"- command: `{result.get('command')}`" + (f" at commit `{result['commit']}`" if result.get("commit") else ""),
