@@ -29,12 +29,13 @@ fallback and the failing report on a GPU whose kernels are correct.
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Callable, Optional, Sequence
+
+from sglang.sm120 import settings
 
 logger = logging.getLogger(__name__)
 
@@ -60,7 +61,7 @@ class Outcome:
 
 def fault_site() -> str:
     """The fault SGLANG_SM120_FAULT_INJECT asks for ('' when unset); ValueError on an unknown one."""
-    raw = os.environ.get(FAULT_INJECT_ENV, "").strip().lower()
+    raw = (settings.text(FAULT_INJECT_ENV) or "").strip().lower()
     if raw and raw not in FAULT_SITES:
         raise ValueError(f"{FAULT_INJECT_ENV} must be one of {', '.join(FAULT_SITES)} (or unset), got {raw!r}")
     return raw

@@ -243,6 +243,9 @@ SETTINGS: Tuple[Setting, ...] = (
     _s("DEPS", "choice", "full", "tools",
        "tools/venv.sh: full (the wheel and all it requires) or cpu-test (what the CPU tests need).",
        choices=("full", "cpu-test")),
+    _s("FAULT_INJECT", "str", None, "runtime",
+       "Test hook: 'gemm' corrupts one result of the sm120 backend's self-check (and of the check "
+       "command's GEMM stage), to show the fallback to upstream's backend; unset in production."),
     _s("COMMIT", "str", None, "tools",
        "Commit recorded in benchmark results where the tree has no usable .git."),
 )

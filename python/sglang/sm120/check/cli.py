@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
-import os
 import sys
 import tempfile
 import time
@@ -17,6 +16,8 @@ import traceback
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+from sglang.sm120 import settings
 
 from . import report
 
@@ -174,7 +175,7 @@ def main(argv: Optional[Sequence[str]] = None, *, stages: Optional[Dict[str, Cal
     result: Dict = {"command": "python -m sglang.sm120 check " + " ".join(argv), "args": {
         k: (str(v) if isinstance(v, Path) else v) for k, v in vars(a).items()},
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "stages": {},
-        "commit": os.environ.get("SGLANG_SM120_COMMIT")}  # where the build carries no git metadata
+        "commit": settings.text("SGLANG_SM120_COMMIT")}  # where the build carries no git metadata
     ok, why = probe()
     if not ok:
         print(f"error: no CUDA GPU: {why}; the check runs on the GPU it validates", file=sys.stderr)
