@@ -165,8 +165,9 @@ def test_finalize_ignores_other_backends():
 
 
 def test_flashinfer_workspace_formula_explains_the_measured_overflow():
-    # Qwen3-30B-A3B, one GPU: 32 q heads, 4 kv heads, head_dim 128, decode bs 1024. REFERENCE.md:
-    # "Buffer overflow ... batch_prefill_tmp_s ... only 262144 bytes available" in 384 MiB.
+    # Qwen3-30B-A3B, one GPU: 32 q heads, 4 kv heads, head_dim 128, decode bs 1024. Upstream's
+    # FlashInfer workspace at that size fails with "Buffer overflow ... batch_prefill_tmp_s ... only
+    # 262144 bytes available" in 384 MiB.
     heads, tiles, cta, hd = 32, (1024 * 8 // 16) + 1024 - 1, 16, 128
     tmp_v = heads * tiles * cta * hd * 4
     assert C.FLASHINFER_DEFAULT_WORKSPACE - tmp_v == 262144

@@ -32,7 +32,7 @@ DEFAULT_SERVER_ARGS: List[str] = [
     "--attention-backend", "triton",
     # PyTorch sampling: no FlashInfer sampling JIT.
     "--sampling-backend", "pytorch",
-    # No CUDA graphs: capture of MoE models took 2-4+ minutes upstream (REFERENCE.md).
+    # No CUDA graphs: upstream's capture of MoE models takes minutes, longer than this test server should wait.
     "--cuda-graph-backend-decode", "disabled",
     "--cuda-graph-backend-prefill", "disabled",
     # Every request computed from scratch: repeated greedy requests and teacher-forced logprobs

@@ -33,7 +33,7 @@ MS = [1, 2, 4, 8, 16, 32, 64, 128, 256, 1024, 4096]
 
 
 def _shapes():
-    """Distinct (N, K) of the attention and shared-expert projections at TP 1, 4, 8 (REFERENCE.md)."""
+    """Distinct (N, K) of the attention and shared-expert projections at TP 1, 4, 8 (sglang.sm120.model_shapes)."""
     seen, uniq = set(), []
     for name, n, k in projection_shapes():
         if (n, k) not in seen:
@@ -377,9 +377,9 @@ def test_split_k_workspace_reused_across_plans(K):
     # H200 failure: their tickets lay in an earlier plan's partial area).
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     ws = torch.zeros((8 << 20) + (256 << 10), dtype=torch.uint8, device="cuda")
-    # (N, K, M, split target): 0 = the default plan. The 128- and 96-tile cases name the
-    # pre-session-9 target (2 CTAs per SM): since session 9 the default splits neither (tiles that
-    # fill the SMs; 96 tiles at M > 16), and this test is about > 64-tile plans that split.
+    # (N, K, M, split target): 0 = the default plan. The 128- and 96-tile cases name a target of
+    # 2 CTAs per SM: the default splits neither (tiles that fill the SMs; 96 tiles at M > 16), and
+    # this test is about > 64-tile plans that split.
     cases = ((384, 320, 1, 0), (16384, 2048, 1, 2 * sms), (5120, 2048, 128, 0), (640, 2048, 1024, 0),
              (6144, 256, 128, 2 * sms))
     for n, k, m, target in cases:

@@ -32,8 +32,8 @@ layerwise modes also on missing graph kinds, eager decode, or a trap hit. The co
 own graphs) is recorded, not failed on its counts: it is the bar, not the code under test.
 Why the control and not graphs disabled: the tiny models' logits are near ties by construction,
 and upstream's own CUDA graphs plan other attention kernels than eager (split-KV decode, FA2
-paged prefill), so they diverge from graphs disabled themselves: on the whole grid in session 10,
-518 of 4,461 qwen3_moe bf16 prompts flipped and 62 diverged beyond a near tie under upstream's
+paged prefill), so they diverge from graphs disabled themselves: on the whole grid of a recorded
+run, 518 of 4,461 qwen3_moe bf16 prompts flipped and 62 diverged beyond a near tie under upstream's
 full graphs, and layerwise on the same kernels gave exactly those (docs/runner.md 5.9).
 
 Why NEAR_TIE_EPS is 0.25 nats for bf16 (not 1e-2): logits come out of a bf16 LM head. The tiny
@@ -102,7 +102,7 @@ def control_prefill_plan():
     the `full` control's fixed-slot prefill graphs are given too: with upstream's own default
     (chunk // 512 = 16 slots) a 17-request batch ran eagerly under the control but captured under
     layerwise, so the control could not show what upstream's captured prefill attention does to
-    those prompts (session 9, docs/runner.md 5.8)."""
+    those prompts (docs/runner.md 5.8)."""
     from sglang.sm120.runner.sizes import default_prefill_req_slots, prefill_buckets
 
     return prefill_buckets(PREFILL_CHUNK), default_prefill_req_slots(PREFILL_CHUNK, MAX_RUNNING)
@@ -426,7 +426,7 @@ def _publish(arch, quant, capfd) -> str:
             "model": f"{arch}-{quant}",
             "tp_size": TP,
             "near_tie_eps": NEAR_TIE_EPS[quant],
-            "rule": "judge() in test/gpu/test_layerwise_correctness.py (since session 10: held to the full-graph control)",
+            "rule": "judge() in test/gpu/test_layerwise_correctness.py (held to the full-graph control)",
             "targets": targets,
             "modes": {
                 m: {f"{k[0]}x{k[1]}": c.__dict__ for k, c in cells.items()} for m, cells in rows.items()
