@@ -93,7 +93,7 @@ def test_ncu_step_profiles_the_w4a16_cases_with_the_clocks_left_alone(tmp_path):
     proc, calls = run(tmp_path, "fp4-ncu")
     assert proc.returncode == 0, proc.stdout
     assert len(calls) == 1 and calls[0].startswith("--clock-control none --profile-from-start off")
-    assert "lab/profile_w4a16.py" in calls[0]
+    assert "lab/fp4_lab.py profile" in calls[0]
     assert "--log-file " + str(tmp_path / "res" / "fp4-ncu.txt") in calls[0]
 
 
