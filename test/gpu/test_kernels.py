@@ -70,26 +70,10 @@ def _assert_close(y, ref, absref, what):
 # ----------------------------------------------------------------------------- quantize
 
 def _quant_cases():
-    g = torch.Generator().manual_seed(0)
-    cases = {
-        "random": torch.randn(300, 2048, generator=g) * 3,
-        "all_zero": torch.zeros(130, 256),
-        "max_magnitude": torch.full((129, 64), 3.3895e38).where(torch.rand(129, 64, generator=g) > 0.5,
-                                                                 torch.tensor(-3.3895e38)),
-        "tiny_and_ties": (torch.randint(-12, 13, (257, 512), generator=g) * 0.25) * 2.0 ** -3,
-        "wide_range": torch.randn(77, 1024, generator=g) * torch.logspace(-30, 30, 1024).unsqueeze(0),
-    }
-    special = torch.randn(200, 512, generator=g)
-    special[3, 7] = float("nan")
-    special[10, 100] = float("inf")
-    special[11, 200] = float("-inf")
-    special[12, 16:32] = float("nan")
-    special[13, 32:48] = float("inf")
-    special[14, 48] = float("inf")
-    special[14, 49] = float("nan")
-    special[15, 0:16] = -0.0
-    cases["nan_inf"] = special
-    return cases
+    """The check command's quantize cases: rounding, ties, special values, the full exponent range."""
+    from sglang.sm120.check.correctness import quantize_cases
+
+    return quantize_cases()
 
 
 @pytest.mark.parametrize("case", list(_quant_cases()))
