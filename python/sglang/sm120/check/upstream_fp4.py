@@ -6,7 +6,7 @@ marlin`) go through upstream's ModelOptFp4LinearMethod itself: create_weights, t
 tensors, process_weights_after_loading and apply with that backend selected, exactly what a server
 runs per layer (activation quantization included). Two kernels the same libraries ship but
 sglang 0.5.16 does not select are called on the flashinfer_cutlass weight layout: FlashInfer
-mm_fp4's `b12x` backend (the fastest public SM120 decode GEMM, REFERENCE.md) and sgl-kernel's
+mm_fp4's `b12x` backend (the fastest public SM120 decode GEMM by published RTX 5090 figures) and sgl-kernel's
 cutlass_scaled_fp4_mm. Every backend's result is held against the reference before it is timed;
 one that does not import, refuses this GPU, fails, or computes off the reference is reported
 unavailable with the reason.
