@@ -11,7 +11,7 @@ import threading
 from pathlib import Path
 from typing import Optional
 
-from .. import settings
+from sglang.sm120 import settings
 
 LIBRARY_NAME = "libsm120_kernels.so"
 ABI_VERSION = 8
