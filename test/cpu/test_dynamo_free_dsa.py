@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+import buildenv
+
 REPO = Path(__file__).resolve().parents[2]
 PATCH = "0108-dynamo-free-dsa-indexer.patch"
 PATCHED_FILES = ("sglang/srt/layers/attention/dsa/dsa_indexer.py",
@@ -84,31 +86,13 @@ _SCRIPT = textwrap.dedent(
 
 @pytest.fixture(scope="module")
 def patched_root(tmp_path_factory):
-    sys.path.insert(0, str(REPO))
     try:
-        from forkbuild.build import patched_members
-        from forkbuild.patches import parse_patch, read_series
-        from forkbuild.tree import pinned_upstream
-
-        try:
-            members = pinned_upstream()
-        except Exception as e:  # noqa: BLE001
-            pytest.fail(f"pinned upstream wheel unavailable (needs PyPI or SGLANG_UPSTREAM_WHEEL): {e}")
-        names = read_series(REPO / "patches")
-        assert PATCH in names, f"{PATCH} is not in patches/series"
-        patches = [parse_patch(n, (REPO / "patches" / n).read_text()) for n in names]
-        changed = patched_members(members, patches)
-    finally:
-        sys.path.remove(str(REPO))
+        root, names, changed = buildenv.write_patched_tree(tmp_path_factory.mktemp("patched"))
+    except buildenv.UpstreamUnavailable as e:
+        pytest.fail(str(e))
+    assert PATCH in names, f"{PATCH} is not in patches/series"
     for f in PATCHED_FILES:
         assert f in changed and "compile_unless_dynamo_free" in changed[f], f
-    root = tmp_path_factory.mktemp("patched") / "python"
-    for name, m in members.items():
-        if name.startswith("sglang/"):
-            dest = root / name
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            dest.write_bytes(changed[name].encode() if name in changed else m.data)
-    (root / "sglang" / "sm120").symlink_to(REPO / "python" / "sglang" / "sm120")
     return root
 
 
