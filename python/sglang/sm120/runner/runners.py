@@ -17,6 +17,7 @@ import logging
 import sys
 import time
 
+from sglang.srt.model_executor.forward_context import ForwardContext, forward_context
 from sglang.srt.model_executor.runner.decode_cuda_graph_runner import DecodeCudaGraphRunner
 from sglang.srt.model_executor.runner.prefill_cuda_graph_runner import PrefillCudaGraphRunner
 from sglang.srt.model_executor.runner_utils.capture_mode import model_capture_mode
@@ -108,6 +109,25 @@ class LayerwiseDecodeRunner(_DeferredCaptureMixin, DecodeCudaGraphRunner):
                 self.capture()
 
         self._lw_finish(run)
+
+    def capture_one_shape(self, size, forward, stream_idx=None, variant_label=None):
+        super().capture_one_shape(size, forward, stream_idx, variant_label)
+        if self.backend.mode == "warm":
+            self._lw_warm_replay_metadata(size, stream_idx)
+
+    def _lw_warm_replay_metadata(self, size: int, stream_idx) -> None:
+        """Run the attention backend's metadata step for this size a second time.
+
+        Upstream calls `init_forward_metadata_out_graph` once per size while capturing. Backends
+        that keep per-size metadata (DSA) only build it on that first call and run their replay
+        kernel (DSA: a Triton kernel specialised on the batch size) from the second call on: in
+        the capture pass, after the traps armed, and at the first replay of that size. The second
+        call here compiles that kernel in the warm pass."""
+        num_tokens = size * self.captured_req_width
+        bs = self._ragged_capture_slots(num_tokens) if self.ragged_verify_mode else size
+        forward_batch, attn_backend, _ = self.capture_prepare(bs, stream_idx=stream_idx, num_tokens=num_tokens)
+        with forward_context(ForwardContext(attn_backend=attn_backend)):
+            attn_backend.init_forward_metadata_out_graph(forward_batch, in_capture=True)
 
     def _lw_apply_servable(self) -> None:
         sizes = self._lw_servable()
