@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -267,3 +268,32 @@ def test_clone_layer_copies_upstreams_parameter_classes_and_keeps_aliases():
     assert c.workspace.data_ptr() != layer.workspace.data_ptr()
     assert (c.output_size_per_partition, c.input_size_per_partition, c.quant_config) == (
         256, 128, layer.quant_config)
+
+
+def _fake_worker(tmp_path, sleep_s: float):
+    """An executable standing in for `python -m sglang.sm120.check.layerwise_worker ...`."""
+    exe = tmp_path / "fake-python"
+    exe.write_text("#!/bin/bash\nout=''\nwhile [ $# -gt 0 ]; do [ \"$1\" = --out ] && out=$2; shift; done\n"
+                   f"echo compiling; sleep {sleep_s}\n"
+                   "echo '{\"mode\": \"x\", \"startup_s\": 0.1, \"outputs\": []}' > \"$out\"\n")
+    exe.chmod(0o755)
+    return exe
+
+
+def test_layerwise_engine_prints_progress_while_it_runs_and_returns_its_result(tmp_path, monkeypatch):
+    monkeypatch.setattr(layerwise.sys, "executable", str(_fake_worker(tmp_path, 0.6)))
+    monkeypatch.setattr(layerwise, "HEARTBEAT_S", 0.2)
+    lines = []
+    doc = layerwise._run_worker(tmp_path / "m", "disabled", tmp_path / "p.json", tmp_path / "o.json",
+                                layerwise.QUICK_GRID, 30, lines.append)
+    assert doc["outputs"] == [] and doc["wall_s"] >= 0.6
+    assert lines and all(ln.startswith("  disabled engine: running for ") for ln in lines)
+
+
+def test_layerwise_engine_over_its_limit_is_stopped_with_a_clear_error(tmp_path, monkeypatch):
+    monkeypatch.setattr(layerwise.sys, "executable", str(_fake_worker(tmp_path, 30)))
+    monkeypatch.setattr(layerwise, "HEARTBEAT_S", 0.2)
+    t0 = time.time()
+    doc = layerwise._run_worker(tmp_path / "m", "layerwise", tmp_path / "p.json", tmp_path / "o.json",
+                                layerwise.QUICK_GRID, 1.0, lambda s: None)
+    assert doc == {"error": "layerwise engine did not finish in 1 s"} and time.time() - t0 < 10

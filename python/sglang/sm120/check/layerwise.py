@@ -17,6 +17,7 @@ import os
 import random
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Callable, Dict, List, Optional
@@ -24,6 +25,7 @@ from typing import Callable, Dict, List, Optional
 NEAR_TIE_EPS = 0.25        # nats: two bf16 steps of the tiny models' logits (test_layerwise_correctness)
 MAX_ABS_DELTA = 1.0        # nats, chosen-token logprob on agreeing prefixes (bf16)
 MAX_MISMATCH_FRACTION = 0.05
+HEARTBEAT_S = 30.0         # a progress line while an engine runs
 ARCH, QUANT = "qwen3_moe", "bf16"
 FULL_GRID = {"batch_sizes": (1, 3, 16, 32), "prompt_lens": (7, 128, 300), "new_tokens": 12,
              "max_running": 32, "chunk": 1024}
@@ -88,17 +90,30 @@ def judge(ref: List[Dict], got: List[Dict]) -> Dict:
     return {"ok": ok, "detail": detail, "counts": counts, "max_abs_delta": round(delta, 4), "prompts": len(ref)}
 
 
-def _run_worker(model: Path, mode: str, prompts: Path, out: Path, grid: dict, timeout: float) -> Dict:
+def _run_worker(model: Path, mode: str, prompts: Path, out: Path, grid: dict, timeout: float,
+                log: Callable[[str], None]) -> Dict:
     cmd = [sys.executable, "-m", "sglang.sm120.check.layerwise_worker", "--model", str(model), "--mode", mode,
            "--prompts", str(prompts), "--out", str(out), "--new-tokens", str(grid["new_tokens"]),
            "--max-running", str(grid["max_running"]), "--chunk", str(grid["chunk"])]
     t0 = time.time()
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return {"error": f"{mode} engine did not finish in {timeout:.0f} s"}
+    with tempfile.TemporaryFile("w+") as output:
+        proc = subprocess.Popen(cmd, stdout=output, stderr=subprocess.STDOUT, text=True)
+        while True:
+            waited = time.time() - t0
+            try:
+                proc.wait(timeout=max(0.1, min(HEARTBEAT_S, timeout - waited)))
+                break
+            except subprocess.TimeoutExpired:
+                waited = time.time() - t0
+                if waited >= timeout:
+                    proc.kill()
+                    proc.wait()
+                    return {"error": f"{mode} engine did not finish in {timeout:.0f} s"}
+                log(f"  {mode} engine: running for {waited:.0f} s (a first run on a machine also compiles JIT kernels)")
+        output.seek(0)
+        text = output.read()
     if proc.returncode != 0 or not out.is_file():
-        tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
+        tail = text.strip().splitlines()[-3:]
         return {"error": f"{mode} engine exited {proc.returncode}: " + " | ".join(tail)}
     doc = json.loads(out.read_text())
     doc["wall_s"] = round(time.time() - t0, 1)
@@ -123,7 +138,7 @@ def run(work: Path, model_root: Optional[Path], quick: bool, timeout: float, log
         if left <= 10:
             return {"ok": False, "detail": f"time limit of {timeout:.0f} s spent before the {mode} engine"}
         log(f"  {mode} engine on {model.name}: {sum(map(len, prompt_batches(grid, vocab)))} prompts, {grid['new_tokens']} new tokens each")
-        runs[mode] = _run_worker(model, mode, prompts, work / f"layerwise-{mode}.json", grid, left)
+        runs[mode] = _run_worker(model, mode, prompts, work / f"layerwise-{mode}.json", grid, left, log)
         if "error" in runs[mode]:
             return {"ok": False, "detail": runs[mode]["error"], "model": f"{ARCH}/{QUANT}"}
         log(f"  {mode}: engine up in {runs[mode]['startup_s']} s, done in {runs[mode]['wall_s']} s")
