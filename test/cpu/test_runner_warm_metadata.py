@@ -23,10 +23,11 @@ class FirstCallBuildsBackend:
     """DSA's shape: the first call for a size builds metadata, later calls run the replay kernel."""
 
     def __init__(self):
-        self.built, self.replay_kernel_sizes = set(), []
+        self.built, self.replay_kernel_sizes, self.calls = set(), [], []
 
     def init_forward_metadata_out_graph(self, forward_batch, in_capture=False):
         bs = forward_batch.batch_size
+        self.calls.append((bs, in_capture))
         if bs not in self.built:
             self.built.add(bs)
             return
@@ -56,6 +57,8 @@ def test_warm_pass_runs_the_replay_metadata_kernel_at_every_size(monkeypatch):
     for bs in (16, 8, 1):
         r.capture_one_shape(bs, lambda: None)
     assert attn.replay_kernel_sizes == [16, 8, 1]
+    # upstream's capture call, then the replay variant (what runs before every replay)
+    assert attn.calls == [(16, True), (16, False), (8, True), (8, False), (1, True), (1, False)]
 
 
 def test_capture_pass_adds_no_extra_metadata_step(monkeypatch):

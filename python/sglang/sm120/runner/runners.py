@@ -116,18 +116,19 @@ class LayerwiseDecodeRunner(_DeferredCaptureMixin, DecodeCudaGraphRunner):
             self._lw_warm_replay_metadata(size, stream_idx)
 
     def _lw_warm_replay_metadata(self, size: int, stream_idx) -> None:
-        """Run the attention backend's metadata step for this size a second time.
+        """Run the attention backend's replay-time metadata step once at this size.
 
-        Upstream calls `init_forward_metadata_out_graph` once per size while capturing. Backends
-        that keep per-size metadata (DSA) only build it on that first call and run their replay
-        kernel (DSA: a Triton kernel specialised on the batch size) from the second call on: in
-        the capture pass, after the traps armed, and at the first replay of that size. The second
-        call here compiles that kernel in the warm pass."""
+        Upstream calls `init_forward_metadata_out_graph(in_capture=True)` once per size while
+        capturing and the replay variant (in_capture=False) before every replay. Backends that
+        keep per-size metadata (DSA) only build it on the capture call and run their replay
+        kernel (DSA: a Triton kernel specialised on the batch size) from the next call on: in the
+        capture pass, after the traps armed, and at the first replay of that size. Running the
+        replay variant here compiles that kernel in the warm pass."""
         num_tokens = size * self.captured_req_width
         bs = self._ragged_capture_slots(num_tokens) if self.ragged_verify_mode else size
         forward_batch, attn_backend, _ = self.capture_prepare(bs, stream_idx=stream_idx, num_tokens=num_tokens)
         with forward_context(ForwardContext(attn_backend=attn_backend)):
-            attn_backend.init_forward_metadata_out_graph(forward_batch, in_capture=True)
+            attn_backend.init_forward_metadata_out_graph(forward_batch, in_capture=False)
 
     def _lw_apply_servable(self) -> None:
         sizes = self._lw_servable()
