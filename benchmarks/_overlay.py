@@ -23,7 +23,7 @@ def import_kernels():
         sm120 = importlib.import_module("sglang.sm120")  # may be the installed one, already imported
         if str(overlay / "sm120") not in list(sm120.__path__):
             sm120.__path__.insert(0, str(overlay / "sm120"))
-        for name in [n for n in sys.modules if n.startswith(("sglang.sm120.kernels", "sglang.sm120.nvfp4"))]:
+        for name in [n for n in sys.modules if n.startswith(("sglang.sm120.kernels", "sglang.sm120.nvfp4", "sglang.sm120.check"))]:
             del sys.modules[name]  # loaded from the installed copy: reload from the checkout
     kernels, nvfp4 = importlib.import_module("sglang.sm120.kernels"), importlib.import_module("sglang.sm120.nvfp4")
     if not Path(kernels.__file__).resolve().is_relative_to(overlay.resolve()):

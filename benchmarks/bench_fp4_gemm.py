@@ -6,7 +6,7 @@ Writes benchmarks/results/fp4-gemm-<date>.json and .md (and copies them, plus th
 set). Every time is the median of CUDA-graph replays of one op per rotating weight copy (copies
 together larger than 2x L2), divided by the number of ops. Bandwidth is bytes moved over that time,
 as a percentage of a device-to-device copy measured in the same run. The SM120 table is a roofline
-ESTIMATE (REFERENCE.md), not a measurement. The Marlin column uses upstream sglang's
+ESTIMATE (public spec sheet figures, see SM120_BW below), not a measurement. The Marlin column uses upstream sglang's
 apply_fp4_marlin_linear when sglang (+ its JIT kernels) is importable; otherwise it is recorded as
 missing with the reason.
 """
@@ -41,17 +41,11 @@ TARGET_VS_BF16 = 3.0
 TARGET_VS_MARLIN = 1.2
 BIG_WEIGHT_BYTES = 8 << 20
 
-# RTX PRO 6000 Blackwell roofline (REFERENCE.md): 1,792 GB/s; dense bf16 ~504 TFLOP/s (W4A16 ridge
+# RTX PRO 6000 Blackwell roofline (public spec sheet): 1,792 GB/s; dense bf16 ~504 TFLOP/s (W4A16 ridge
 # ~79 rows), dense FP4 ~2.0 PFLOP/s (W4A4 ridge ~316 rows).
 SM120_BW = 1.792e12
 SM120_BF16_FLOPS = 5.04e14
 SM120_FP4_FLOPS = 2.0e15
-
-
-def shapes():
-    from sglang.sm120.model_shapes import projection_shapes
-
-    return projection_shapes()
 
 
 class Log:
@@ -64,140 +58,11 @@ class Log:
         self.lines.append(line)
 
 
-def select_shapes(spec, sel=None):
-    """The shapes (of `sel`, default all) whose names contain any comma-separated substring of
-    `spec`; all of them for an empty spec."""
-    want = [w.strip() for w in spec.split(",") if w.strip()]
-    sel = shapes() if sel is None else sel
-    return [s for s in sel if any(w in s[0] for w in want)] if want else sel
-
-
-def shape_weight(n, k):
-    """The benchmark's fp32 weight of an (N, K) shape and its NVFP4 quantization (modelopt format),
-    seeded by the shape, so that every tool times the benchmark's values."""
-    torch.manual_seed(n * 31 + k)
-    w = torch.randn(n, k, device="cuda") * 0.02
-    return w, F.quantize_weight_modelopt(w)
-
-
-def fp4_bytes(n, k, m):
-    return 0.5625 * n * k + 2 * m * k + 2 * m * n
-
-
-def bf16_bytes(n, k, m):
-    return 2 * n * k + 2 * m * k + 2 * m * n
-
-
-_STREAM = None
-
-
-def time_ops(ops, reps):
-    """Median microseconds per op: CUDA-graph replays of all ops (one per rotating weight copy)."""
-    global _STREAM
-    if _STREAM is None:
-        _STREAM = torch.cuda.Stream()  # one capture stream: one split-K workspace for the whole run
-    stream = _STREAM
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for op in ops[:2]:
-            op()  # JIT / workspace creation on the capture stream, outside capture
-    torch.cuda.current_stream().wait_stream(stream)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, stream=stream):
-        for op in ops:
-            op()
-    graph.replay()
-    torch.cuda.synchronize()
-    times = []
-    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    for _ in range(reps):
-        e0.record()
-        graph.replay()
-        e1.record()
-        e1.synchronize()
-        times.append(e0.elapsed_time(e1) * 1e3 / len(ops))
-    del graph
-    return statistics.median(times)
-
-
-def copy_bandwidth(log):
-    """Bytes read + written per second of the fastest 1 GiB device-to-device copy. cudaMemcpy alone
-    under-reads the H200 (2026-12-01: 2.73 TB/s, while a bf16 GEMM read its weights at 3.7 TB/s), so a
-    vectorized elementwise kernel is timed too and the faster one is the denominator."""
-    n = 1 << 30
-    src = torch.empty(n, dtype=torch.uint8, device="cuda").random_(0, 255)
-    dst = torch.empty_like(src)
-    s32, d32 = src.view(torch.int32), dst.view(torch.int32)
-    ways = {"memcpy": lambda: dst.copy_(src), "elementwise": lambda: torch.bitwise_not(s32, out=d32)}
-    by_way = {name: 2 * n / (time_ops([op], reps=20) * 1e-6) for name, op in ways.items()}
-    bw = max(by_way.values())
-    log("copy bandwidth (1 GiB device-to-device, read + write): " + ", ".join(
-        f"{k} {v / 1e12:.2f} TB/s" for k, v in by_way.items()))
-    del src, dst
-    torch.cuda.empty_cache()
-    return bw, {k: round(v / 1e12, 3) for k, v in by_way.items()}
-
-
-def launch_floor_us(reps):
-    """Per-call time of a one-element kernel in the same graph chain: what any kernel pays per call
-    here before moving a byte (launch, scheduling, drain)."""
-    t = torch.zeros(1, device="cuda")
-    return time_ops([lambda: t.add_(1.0)] * 16, reps)
-
-
-def copies_for(nbytes, l2):
-    return max(2, math.ceil(2.5 * l2 / max(nbytes, 1)))
-
-
-def rotating_weights(pw, l2):
-    """pw and enough clones of it (> 2x L2 in all) that a graph cycling through them reads every
-    call's weights from HBM."""
-    return [pw] + [K.PackedWeight(pw.qweight.clone(), pw.scales.clone(), pw.weight_scale_2.clone(), pw.n, pw.k)
-                   for _ in range(copies_for(0.5625 * pw.n * pw.k, l2) - 1)]
-
-
-def load_marlin(log):
-    try:
-        from sglang.srt.layers.quantization.marlin_utils_fp4 import (  # noqa: F401
-            apply_fp4_marlin_linear, prepare_nvfp4_layer_for_marlin)
-        return (apply_fp4_marlin_linear, prepare_nvfp4_layer_for_marlin), None
-    except Exception as exc:  # ImportError, or the JIT machinery failing to import
-        reason = f"upstream sglang Marlin FP4 not importable: {type(exc).__name__}: {exc}".splitlines()[0]
-        log(reason)
-        return None, reason
-
-
-def marlin_layer(q, n, k, prepare):
-    layer = torch.nn.Module()
-    layer.weight = torch.nn.Parameter(q["weight"].clone(), requires_grad=False)
-    layer.weight_scale = torch.nn.Parameter(q["weight_scale"].clone(), requires_grad=False)
-    layer.weight_global_scale = torch.nn.Parameter(q["weight_scale_2"].reshape(()).clone(), requires_grad=False)
-    layer.output_size_per_partition = n
-    layer.input_size_per_partition = k
-    layer.params_dtype = torch.bfloat16
-    prepare(layer)
-    return layer
-
-
-def marlin_copies(q, n, k, prepare, count):
-    """`count` Marlin layers of one FP4 weight (a prepared layer and clones of its repacked tensors),
-    cycled like the rotating copies of ours."""
-    base = marlin_layer(q, n, k, prepare)
-    layers = [base]
-    for _ in range(count - 1):
-        c = torch.nn.Module()
-        c.weight, c.weight_scale = base.weight.clone(), base.weight_scale.clone()
-        c.weight_global_scale, c.workspace = base.weight_global_scale, base.workspace
-        layers.append(c)
-    return layers
-
-
-def marlin_ops(apply, layers, x, n, k):
-    """One upstream apply_fp4_marlin_linear call per Marlin layer copy, on x."""
-    return [lambda L=L: apply(input=x, weight=L.weight, weight_scale=L.weight_scale,
-                              weight_global_scale=L.weight_global_scale, workspace=L.workspace, size_n=n, size_k=k)
-            for L in layers]
+# The timing harness lives in the overlay (the installed wheel carries it for
+# `python -m sglang.sm120 check`); lab scripts reach it through this module's names.
+from sglang.sm120.check.gemm_timing import (  # noqa: E402,F401
+    bf16_bytes, copies_for, copy_bandwidth, fp4_bytes, launch_floor_us, load_marlin, marlin_copies, marlin_layer,
+    marlin_ops, rotating_weights, select_shapes, shape_weight, shapes, time_ops)
 
 
 def bench_shape(name, n, k, ms, l2, copy_bw, floor_us, marlin, reps, log):
@@ -224,17 +89,15 @@ def bench_shape(name, n, k, ms, l2, copy_bw, floor_us, marlin, reps, log):
     for m in ms:
         x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
         r = {"shape": name, "N": n, "K": k, "M": m, "weight_fp4_bytes": int(wbytes)}
-        # Order matters: a graph's time depends on the graph timed just before it. On small weights a
-        # plain graph right after a PDL graph ran ~0.3 us per call faster than after a plain one
-        # (H200, session 12, lab/fp4_order_probe.py), and right after the bf16 graph
-        # Marlin ran 5-10% faster than after its own graph or ours, ours 3-5% faster (session 16,
-        # lab/marlin_rows_ab.py). So the pair the targets compare, `ours` and Marlin, is
-        # timed at the end of the row, each right after a bf16 graph: bf16, Marlin, bf16 again,
-        # ours. bf16 itself follows the split sweep's PDL graphs (W4A4's at M >= 64), the 4/8-warp
-        # plain columns follow PDL graphs too: compare those with each other only.
-        # `ours_row_start_us`, the plain default timed first in its row (the figure the targets used
-        # up to session 16, when Marlin followed bf16 but ours followed the previous row's Marlin),
-        # is kept beside it.
+        # Order matters: a graph's time depends on the graph timed just before it (on small weights a
+        # plain graph right after a PDL graph runs faster than after a plain one, lab/fp4_lab.py order-probe;
+        # Marlin and ours both run faster right after a bf16 graph, lab/fp4_lab.py marlin-rows). So the
+        # pair the targets compare, `ours` and Marlin, is timed at the end of the row under the same
+        # condition, each right after a bf16 graph: bf16, Marlin, bf16 again, ours. bf16 itself
+        # follows the split sweep's PDL graphs (W4A4's at M >= 64), the 4/8-warp plain columns
+        # follow PDL graphs too: compare those with each other only.
+        # `ours_row_start_us`, the plain default timed first in its row (after the previous row's
+        # Marlin, not after bf16), is kept beside it to show the order's effect.
         # Targets use the plain launch. With PDL each call of the back-to-back chain prefetches its
         # weights during the previous call's tail: reported beside it, not used for the targets.
         ours_ops = [lambda p=p: K.gemm_w4a16(x, p, pdl=False) for p in pws]
@@ -260,8 +123,8 @@ def bench_shape(name, n, k, ms, l2, copy_bw, floor_us, marlin, reps, log):
         r["ours_cluster_pdl_us"] = time_ops(
             [lambda p=p: K.gemm_w4a16(x, p, pdl=True, cluster=True, kernel="split") for p in pws], reps)
         r["cluster_plan"] = K.w4a16_plan(m, n, k, sms, cluster=True, kernel="split")["cluster"]
-        # every row times fixed targets beside the default (csrc/kernels.h's rule, fitted on
-        # session 7's table of these columns), so the rule is judged on the whole table
+        # every row times fixed targets beside the default (csrc/kernels.h's rule, fitted on a
+        # table of these columns), so the rule is judged on the whole table
         default_plan = K.w4a16_plan(m, n, k, sms, kernel="split")
         r["default_split_target"] = default_plan["split_target"]
         r["split_target_pdl_us"], r["split_target_splits"] = {}, {"default": default_plan["splits"]}
@@ -328,13 +191,13 @@ def add_floor_bounds(r, floor_us, copy_bw):
 # Split-K targets swept: "none" (target 1: one CTA per output tile, no reduction pass) up to 8
 # CTAs per SM; the default (split_target 0) is csrc/kernels.h's rule (no split where the tiles fill
 # 3/4 of the SMs, else 2x for weights >= 8 MB (4x from 32 MB), else 1x at M <= 16 and 0.5x above;
-# targets of at most 1x take the most splits whose grid fits the SMs, since session 15).
+# targets of at most 1x take the most splits whose grid fits the SMs).
 SPLIT_TARGET_OF = {"none": lambda sms: 1, "0.25x": lambda sms: sms // 4, "0.5x": lambda sms: sms // 2,
                    "1x": lambda sms: sms, "2x": lambda sms: 2 * sms, "3x": lambda sms: 3 * sms,
                    "4x": lambda sms: 4 * sms, "8x": lambda sms: 8 * sms}
 SPLIT_TARGETS = tuple((k, SPLIT_TARGET_OF[k]) for k in ("none", "0.5x", "1x", "2x", "4x", "8x"))
-# timed on every row beside the default, PDL launch (2x: the default before session 9; 3x and 4x
-# since session 12, when the split-K reduction got cheaper)
+# timed on every row beside the default, PDL launch: the targets the rule chooses among (0.5x-4x)
+# and a neighbour below, so the default's choice is judged against each
 ROW_SPLIT_TARGETS = tuple((k, SPLIT_TARGET_OF[k]) for k in ("0.25x", "0.5x", "1x", "2x", "3x", "4x"))
 ROW_SPLIT_LABELS = "/".join(k for k, _ in ROW_SPLIT_TARGETS)
 
@@ -417,8 +280,8 @@ def summarize(rows, marlin_reason):
         "pdl_speedup_vs_bf16_m_1_to_8_geomean": geo(pick(le8, "speedup_vs_bf16_pdl")),
         "pdl_cluster_speedup_vs_bf16_m_1_to_8_geomean": geo(pick(le8, "speedup_vs_bf16_cluster_pdl")),
     }
-    # the Marlin statistic with ours timed first in its row (after the previous row's Marlin), as the
-    # targets had it before session 16, while Marlin follows the bf16 graph: the order's effect
+    # the Marlin statistic with ours timed first in its row (after the previous row's Marlin) while
+    # Marlin follows the bf16 graph: shows the timing order's effect on the targets' ratio
     row_start = [r["marlin_us"] / r["ours_row_start_us"] for r in rows
                  if r["M"] <= 16 and r.get("marlin_us") and r.get("ours_row_start_us")]
     extra["speedup_vs_marlin_ours_at_row_start_m_le_16_min"] = rmin(row_start, 2)
@@ -452,7 +315,7 @@ def write_md(path, meta, rows, targets, extra, est, tuning):
          f"- launch floor: {meta.get('launch_floor_us', float('nan')):.2f} us per call (one-element kernel in "
          "the same graph chain); 'at floor' = that floor + the call's bytes at the copy bandwidth",
          f"- timing: median of {meta['reps']} CUDA-graph replays, rotating weight copies > 2x L2; `ours` "
-         "and Marlin (the targets' pair) each timed right after a bf16 graph (since session 16)",
+         "and Marlin (the targets' pair) each timed right after a bf16 graph (the same order for both)",
          f"- Marlin: {meta['marlin']}",
          *([f"- time budget {meta['time_budget_s']:.0f} s: skipped shapes {', '.join(meta['skipped_shapes'])}"]
            if meta.get("skipped_shapes") else []),
@@ -472,12 +335,12 @@ def write_md(path, meta, rows, targets, extra, est, tuning):
           "(warp-K: one CTA per 16-row tile, K split over its 8 warps; M <= 16), then warp-K with PDL.",
           "",
           f"`split {ROW_SPLIT_LABELS}` = PDL us with those split targets in SMs (`ours PDL` is the default: "
-          "no split where the tiles fill 3/4 of the SMs, or 1/3 of them with K <= 512 (since session 11), else 2x "
+          "no split where the tiles fill 3/4 of the SMs, or 1/3 of them with K <= 512, else 2x "
           "for weights >= 8 MB (4x from 32 MB), else 1x at M <= 16 and 0.5x above, a target of at most 1x taking the "
-          "most splits whose grid fits the SMs (since session 15); before session 9 it was 2x). "
+          "most splits whose grid fits the SMs). "
           "`warps` = plain/PDL us with 4 and with 8 warps per 128-row CTA (the same bits); `*` marks the "
           f"count the default ran (SGLANG_SM120_W4A16_WARPS={K.WARPS_DEFAULT}; auto: 8 at 9 <= M <= 16 unless the "
-          "split-K grid has more than 3 CTAs per SM (since session 15), else 4).",
+          "split-K grid has more than 3 CTAs per SM, else 4).",
           "",
           f"| shape | N | K | M | ours us | kernel | split / warp-K / warp-K PDL us | BW % | at floor us | ours PDL us | split {ROW_SPLIT_LABELS} | warps | PDL+cluster us | bf16 us | x bf16 | Marlin us | x Marlin | W4A4 us |",
           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -564,10 +427,10 @@ def main():
     meta["w4a16_warps_default"] = K.WARPS_DEFAULT
     meta["w4a16_kernel_default"] = K.KERNEL_DEFAULT
     meta["w4a16_default_split_target"] = ("no split where the output tiles fill 3/4 of the SMs, or 1/3 of them "
-                                          "with K <= 512 (since session 11), else 2x SMs for weights >= 8 MB "
+                                          "with K <= 512, else 2x SMs for weights >= 8 MB "
                                           "(packed + scales; 4x from 32 MB), else 1x SMs at M <= 16 and 0.5x above; "
                                           "a target of at most 1x SMs takes the most splits whose grid fits the SMs "
-                                          "(csrc/kernels.h, since session 9; 2x SMs before; one wave since session 15)")
+                                          "(csrc/kernels.h)")
     extra["time_8w_vs_4w_geomean"] = {
         f"m{lo}_{hi}": _geomean([r["ours_8w_us"] / r["ours_4w_us"] for r in rows
                                  if lo <= r["M"] <= hi and "ours_8w_us" in r and "ours_4w_us" in r])

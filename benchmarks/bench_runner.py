@@ -63,7 +63,8 @@ sys.path.insert(0, str(REPO / "python"))
 sys.path.insert(0, str(REPO / "benchmarks"))
 from _results import commit, ratio, save, target as _target, utc_now  # noqa: E402
 from sglang.sm120.model_shapes import QWEN3_30B_A3B_CONFIG as QWEN3_30B_A3B  # noqa: E402
-# REFERENCE.md's tiny random Qwen3-MoE (the "did not finish warmup in 170 s" measurement).
+# A tiny random Qwen3-MoE: small enough to build anywhere, large enough to show where upstream's
+# eager warmup spends its time (diagnose_eager_warmup).
 TINY_QWEN3_MOE = dict(
     QWEN3_30B_A3B, hidden_size=1024, num_hidden_layers=8, num_attention_heads=16,
     num_key_value_heads=4, head_dim=64, intermediate_size=2048, moe_intermediate_size=512,
@@ -263,8 +264,8 @@ def size_memory_totals(run: dict, phase: str, kind: str, sizes=None) -> Dict[str
     out["kept_blocks"] = None if None in kept else sum(kept)
     top = picked[max(picked)].get("kept_largest")  # what the largest size left allocated
     out["largest_size_kept_mb"] = None if top is None else [round(b / 2**20, 2) for b in top]
-    # the allocations the largest size's output (the logits) holds (readings since session 10;
-    # None in older reports). Upstream 0.5.16 writes decode logits into one preallocated fp32
+    # the allocations the largest size's output (the logits) holds (None in reports that predate
+    # the reading). Upstream 0.5.16 writes decode logits into one preallocated fp32
     # buffer shared by every size (graph_shared_output), so this is not graph-pool memory: the
     # reading says where the logits live, it is not subtracted from anything.
     held = picked[max(picked)].get("output_bytes")
@@ -372,8 +373,9 @@ def size_memory_lines(runs: Dict[str, dict], names: List[str]) -> List[str]:
 def capture_time_lines(runs: Dict[str, dict], names: List[str]) -> List[str]:
     """Where layerwise capture time went (the runner's size_timings): the warm pass's forwards (in
     upstream's constructor, so inside its logged elapsed), the probe forward and the captured
-    forward with instantiation; and upstream's capture loop between our calls (since session 9:
-    the time a pass spent on a size outside our code, from the second size of each pass on).
+    forward with instantiation; and upstream's capture loop between our calls (the time a pass
+    spent on a size outside our code, from the second size of each pass on; 0 in reports
+    that predate it).
     Prefill per bucket, decode summed over its sizes."""
     rows = []
     for n in names:
@@ -395,7 +397,7 @@ def capture_time_lines(runs: Dict[str, dict], names: List[str]) -> List[str]:
 
 
 def capture_memory_lines(runs: Dict[str, dict], names: List[str]) -> List[str]:
-    """Where layerwise graph memory went (the capture report, since session 7): torch's allocator
+    """Where layerwise graph memory went (the capture report): torch's allocator
     (graph pool and eager caches) vs outside it (the driver's instantiated graphs, workspaces), and
     the latter per segment graph: is it the pool or the number of graphs?"""
     rows = []
@@ -477,8 +479,8 @@ def device_name() -> str:
 
 
 def diagnose_eager_warmup(workdir: Path, limit_s: int, results: Path = RESULTS) -> None:
-    """REFERENCE.md: upstream 0.5.16 with graphs disabled did not finish one_batch's warmup in
-    170 s on a tiny MoE. Re-run it with Python stacks dumped every 15 s and summarise where the
+    """Upstream 0.5.16 with graphs disabled can take minutes in one_batch's warmup even on a tiny
+    MoE. Run it with Python stacks dumped every 15 s and summarise where the
     time goes (docs/runner.md explains the reading of the code behind it)."""
     model = write_model_dir(workdir / "tiny-qwen3-moe", TINY_QWEN3_MOE)
     dump = workdir / "eager-warmup-stacks.txt"

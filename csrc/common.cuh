@@ -145,9 +145,9 @@ __device__ __forceinline__ uint32_t smem_addr(const void* p) {
 // runs with a garbage memory descriptor and the H200 stops the kernel with "illegal instruction"
 // (ptxas 13.5 encodes the same instruction correctly). test_kernel_build.py rejects any SASS that
 // reads a uniform register the kernel never writes.
-// .L2::256B: a miss fills 256 bytes of L2 (the neighbouring lines of a streamed tile come with it):
-// H200, session 16, 0.984x the plain time (geomean, 8 shapes x M 1-16, two interleaved runs; 128B:
-// 0.986x); a prefetch size, not a cache hint, so the LDGSTS above encodes correctly (SASS-checked).
+// .L2::256B: a miss fills 256 bytes of L2, so the neighbouring lines of a streamed tile arrive with
+// it instead of as separate misses; a prefetch size, not a cache hint, so the LDGSTS above encodes
+// correctly (SASS-checked).
 __device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, int src_bytes) {
   asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes)
                : "memory");

@@ -80,7 +80,7 @@ __global__ void __launch_bounds__(32 * WARPS) gemm_w4a16_kernel(const W4A16Param
   // Per-thread copy sources at chunk 0, advanced by the chunk offset each stage. Weights: item j
   // is row tile rt0 + j * kItemTiles of chunk cc0 (one chunk per warp, W being a multiple of CPS),
   // so every item's shared destination is the first one's plus a constant: one address register
-  // per stage instead of one per item (the loop is issue-bound; session 15's ncu source view).
+  // per stage instead of one per item (the copy loop is bound by instruction issue, not DRAM).
   static_assert(T::kWarps % CPS == 0, "a warp's weight items share one chunk");
   constexpr int kItemTiles = T::kWarps / CPS;
   const int rt0 = warp / CPS, cc0 = warp % CPS;
@@ -186,8 +186,8 @@ __global__ void __launch_bounds__(32 * WARPS) gemm_w4a16_kernel(const W4A16Param
 #pragma unroll
   for (int s = 0; s < T::kStages - 1; ++s)
     if (s < n_stages) load_stage(s, smem_s + s * T::kStageBytes, LoadWeights{});
-  // Needed only by the store, but requested now: issued after the loop, its DRAM latency was the
-  // last thing each CTA waited for (2-3% of a glm5 q_b TP 1 call's stall samples, session 15).
+  // Needed only by the store, but requested now: issued after the loop, its DRAM latency would be
+  // the last thing each CTA waits for.
   const float alpha = w4a16_alpha(p);
   pdl_wait();
 #pragma unroll
@@ -311,10 +311,9 @@ __global__ void __launch_bounds__(32 * WARPS) gemm_w4a16_kernel(const W4A16Param
   store(sum);
   SM120_W4A16_STAMP(4);
   // The next grid may launch once every CTA has stored (or exited: split-K CTAs that hand off
-  // their partials return above). Triggered right after the K loop instead, a chain of one-wave
-  // calls (glm5 q_b TP 1, 128 CTAs) ran 1.09-1.19x slower under PDL than plain from M = 7 on, with
-  // the same kernel that PDL sped up at M <= 6. Triggered here: 0.78-0.84x that PDL time at
-  // M 7-16, and no shape measured lost (PDL geomean 0.984 over 8 shapes x 6 M; session 20).
+  // their partials return above), not right after the K loop: triggered there, a chain of one-wave
+  // calls (e.g. glm5 q_b TP 1, 128 CTAs) ran slower under PDL than with plain launches from M = 7
+  // on, and triggered here no measured shape loses.
   pdl_launch_dependents();
 }
 
@@ -429,8 +428,8 @@ W4A16Plan plan_w4a16(int M, int N, int K, int sm_count, size_t workspace_bytes, 
     plan.workspace_bytes = plan.partial_offset + (size_t)base * splits * plan.partial_tile_bytes;
     if (plan.workspace_bytes <= workspace_bytes) break;
     // The most splits whose partials fit (each pass strictly lowers the count after the rounding
-    // above). Halving, as before session 12, threw away up to half the splits: glm5 o_proj tp1 at
-    // M = 64 ran 3 splits where 5 fit the 8 MB workspace, 1.45x the time on the H200.
+    // above). Not halving: that throws away up to half the splits (e.g. glm5 o_proj TP 1 at M = 64
+    // would run 3 splits where 5 fit the 8 MB workspace).
     splits = splits - 1;
   }
   plan.eight_warps = (flags & kW4A16EightWarps) != 0 ||

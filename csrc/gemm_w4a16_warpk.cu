@@ -8,8 +8,8 @@
 // Why a second kernel: gemm_w4a16.cu's CTA owns 128 rows, so a projection with few rows (N = 512
 // .. 1280 at TP 4/8) has 4-10 CTAs along N and must split K across CTAs to reach the SMs. On the
 // H200 the hand-off of those splits (partials through L2, a release/acquire ticket, the last CTA
-// loading them back) took 2.5 of a 4.9 us call (session 12 timeline, qwen3 qkv TP 8, M = 1), more
-// than the weights took to arrive. Here a 16-row tile is its own CTA (40 CTAs for N = 640 instead
+// loading them back) takes about half of such a call at M = 1 (e.g. qwen3 qkv TP 8), more than the
+// weights take to arrive. Here a 16-row tile is its own CTA (40 CTAs for N = 640 instead
 // of 5) and K splits inside the CTA, where partials meet through shared memory behind one barrier.
 // The chunk math (decode, scale, MMA) and the store are gemm_w4a16.cu's (w4a16.cuh); the plan
 // (plan_w4a16) decides which kernel runs.
@@ -50,9 +50,8 @@ __device__ __forceinline__ uint4 ldg_l2_128(const void* p) {
 }
 
 // Chunks a warp loads before computing them: 4 keeps 4 x 16 B of weights (plus scales and X) in
-// flight per thread, at 92-128 registers without spilling. 6 for the 16-warp 8-token kernel (124
-// registers) was 0.95-0.97x on glm5 shared gate_up TP 4/8 at M 1-4 and 1.02-1.04x on qwen3 o_proj
-// TP 1 (H200, session 13): not kept.
+// flight per thread, at 92-128 registers without spilling. One batch size for every
+// instantiation: a deeper batch (6) helps some shapes and slows others, with no net gain.
 constexpr int kWarpKBatch = 4;
 
 // PDL: the instantiation for programmatic dependent launches (it prefetches its first batch).
@@ -89,8 +88,8 @@ __global__ void __launch_bounds__(32 * WARPS) gemm_w4a16_warpk_kernel(const W4A1
   }
   const uint32_t scale_sel = w4a16_scale_select(t);
   // Needed only by the store; the plain instantiation requests it now, so its latency is not the
-  // call's last wait (0.96-0.97x the time on warp-K rows, H200 session 15). Under PDL the call's
-  // start overlaps the previous one anyway and the early load measured 1.02-1.04x: load it late.
+  // call's last wait. Under PDL the call's start overlaps the previous one anyway, and the early
+  // load does not pay there: load it late.
   const float alpha_early = PDL ? 0.0f : w4a16_alpha(p);
 
   uint4 wq[kWarpKBatch];
@@ -111,8 +110,8 @@ __global__ void __launch_bounds__(32 * WARPS) gemm_w4a16_warpk_kernel(const W4A1
   // copies do). The PDL instantiation prefetches the batch to L2 first, one prefetch per 128-byte
   // line of the weight chunks (lanes 0, 8, 16, 24) and one for the tile's 64 scale bytes (lane 0);
   // the prefetches and the batch's loads then stay ahead of the wait (SASS, checked by
-  // test_kernel_build.py). H200, session 14: 0.84-0.86x the PDL time on warp-K rows, but 1.04x
-  // the plain time, hence two instantiations.
+  // test_kernel_build.py). The prefetch speeds up PDL launches but slows plain ones (nothing to
+  // overlap there), hence two instantiations.
   if constexpr (PDL) {
 #pragma unroll
     for (int u = 0; u < kWarpKBatch; ++u)

@@ -85,11 +85,11 @@ enum : int {
   kW4A16KnownFlags =
       kW4A16Pdl | kW4A16ClusterReduce | kW4A16EightWarps | kW4A16WarpK | kW4A16SplitK | kW4A16AutoWarps
 };
-// The default warp count of the split-K kernel: 8 for the 16-token M tile (9 <= M <= 16; twice the
-// warps per SM, session 12: 0.95x the 4-warp time over 22 shapes), unless the grid already puts
-// more than kW4A16EightWarpsMaxCtasPerSm CTAs on an SM: glm5 o_proj TP 1 at M = 16 (4 splits per
-// SM, 528 CTAs) ran 1.10x slower with 8 warps in every H200 run since session 12 (session 15 A/B:
-// 27.7 vs 25.0 us), the only such row; with <= 3 CTAs per SM 8 warps were 0.87-1.03x.
+// The default warp count of the split-K kernel: 8 for the 16-token M tile (9 <= M <= 16) unless
+// the grid already puts more than kW4A16EightWarpsMaxCtasPerSm CTAs on an SM, else 4: more warps
+// per SM hide the decode's DRAM latency, while a grid that already has several CTAs per SM
+// (e.g. glm5 o_proj TP 1 at M = 16, 4 splits per SM) hides it without them and only pays for
+// the larger CTAs.
 constexpr int kW4A16EightWarpsMaxCtasPerSm = 3;
 constexpr bool w4a16_eight_warps(int M, int64_t ctas, int sm_count) {
   return M > 8 && M <= 16 && ctas <= (int64_t)kW4A16EightWarpsMaxCtasPerSm * sm_count;
@@ -101,8 +101,8 @@ constexpr bool w4a16_eight_warps(int M, int64_t ctas, int sm_count) {
 // (more than 4 per warp at 16 warps) with fewer tiles than SMs, a cluster of up to 4 CTAs splits
 // each tile's K (one CTA per SM at most). And the largest M it serves (two 8-token tiles).
 // At most 32 warps per cluster: clusters of 64 warps (8 CTAs x 8 warps, or 4 x 16) ran glm5 shared
-// gate_up TP 8 1.6x slower than 4 x 8 on the H200 (session 13), so a cluster has at most 4 CTAs
-// of 8 warps or 2 of 16.
+// gate_up TP 8 slower than 4 x 8 on the H200, so a cluster has at most 4 CTAs of 8 warps or 2
+// of 16.
 constexpr int kW4A16WarpK16MinChunks = 32;
 constexpr int kW4A16WarpKClusterMinChunks = 64;
 constexpr int kW4A16WarpKMaxClusterWarps = 32;
@@ -115,29 +115,28 @@ constexpr int kW4A16MaxClusterSplits = 8;
 // (they would start at garbage counts and the tile would never be reduced).
 constexpr size_t kW4A16TicketRegionBytes = 256u << 10;
 constexpr int64_t kW4A16MaxTicketTiles = kW4A16TicketRegionBytes / sizeof(int);
-// The split-K target (CTAs to aim for) when the caller gives none. Fitted on the H200 (session 7
-// table: 22 shapes x M 1..128, PDL launches, targets 0.25x..2x SMs timed on every row): output
+// The split-K target (CTAs to aim for) when the caller gives none. Fitted on the H200 (22 shapes
+// x M 1..128, PDL launches, targets 0.25x..2x SMs timed on every row; the bench's split columns in
+// benchmarks/bench_fp4_gemm.py re-time it): output
 // tiles (`tiles`, 128 rows x one token block each) that already fill 3/4 of the SMs do not split
 // (a split's hand-off costs more than the extra CTAs give); otherwise a weight of >= 8 MB (packed
 // FP4 + scales) needs 2 CTAs per SM in flight to stream, and a smaller one 1 per SM at M <= 16 and
 // 1 per 2 SMs above (where M > 64 already multiplies the tiles by its token blocks).
-// Short K (session 11, fitted on session 10's table): with K <= 512 a tile streams in well under
-// a microsecond, so once the tiles fill a third of the SMs the split's hand-off (partials through
-// L2, a ticket, the last CTA's loads: 0.3-1.1 us there) costs more than it saves; unsplit was
-// 0.72-0.93x the split time on every such row (glm5 kv_b / shared down at TP 4 and 8, M 1..128).
-// One wave (session 15): where the target is at most one CTA per SM, the split count is rounded
-// down so that the grid fits the SMs (glm5 o_proj TP 8 / shared down TP 1, 48 tiles on 132 SMs:
-// 2 splits instead of 3, 0.90-0.94x the time at M 1-16 in three H200 runs of the bench's split
-// columns; 3 splits had put two CTAs on 12 SMs).
-// Huge weights (session 13, >= 32 MB): 4 CTAs per SM. glm5 o_proj TP 1 (56.6 MB) ran 0.96-0.97x
-// the 2-per-SM time at M 1-8, 0.84x at 16 and 0.86x at 32 in two H200 runs (the bench's split
-// sweep, s12 and s13; the only such shape in the table, so in-sample).
+// Short K: with K <= 512 a tile streams in well under a microsecond, so once the tiles fill a
+// third of the SMs the split's hand-off (partials through L2, a ticket, the last CTA's loads)
+// costs more than it saves, and the tiles run unsplit (e.g. glm5 kv_b / shared down at TP 4 and 8).
+// One wave: where the target is at most one CTA per SM, the split count is rounded down so that
+// the grid fits the SMs: a split count whose grid overflows the SMs puts two CTAs on some SMs
+// and the call waits for that second wave (e.g. glm5 o_proj TP 8 / shared down TP 1, 48 tiles on
+// 132 SMs: 2 splits, not 3).
+// Huge weights (>= 32 MB): 4 CTAs per SM, as more loads in flight keep DRAM busy on such a
+// stream (glm5 o_proj TP 1, 56.6 MB, is the only such shape in the fitted table, so in-sample).
 constexpr int64_t kW4A16LargeWeightBytes = 8000000;
 constexpr int64_t kW4A16HugeWeightBytes = 32000000;
 constexpr int kW4A16ShortK = 512;
 int64_t default_split_target_w4a16(int M, int N, int K, int sm_count, int64_t tiles);
-// Whether a call runs the warp-K kernel when the caller does not say. Fitted on the H200 (session
-// 13, lab/w4a16_kernel_ab.py: 22 shapes x M 1..16, both kernels timed on every row):
+// Whether a call runs the warp-K kernel when the caller does not say. Fitted on the H200
+// (lab/fp4_lab.py kernel-ab: 22 shapes x M 1..16, both kernels timed on every row):
 // warp-K wherever the split-K kernel would split K and the weight (packed + scales) is under
 // 16 MB at M <= 2, 12 MB at M <= 8 (0.61-0.93x the split-K time there) or 5 MB at M 9..16
 // (0.66-0.99x; its 16-token tile reads X twice per weight fragment, which larger weights do not

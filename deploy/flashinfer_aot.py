@@ -38,8 +38,11 @@ def model_attention_shapes() -> Dict[str, dict]:
 
     qwen = default_spec("qwen3_moe")
     ds = default_spec("deepseek_v2")
+    glm4 = default_spec("glm4_moe")
+    # tiny glm_moe_dsa has none: its attention is the DSA backend (FlashMLA + DeepGEMM), not FlashInfer
     return {
         "tiny qwen3_moe": {"kind": "gqa", "heads": qwen.heads, "kv_heads": qwen.kv_heads, "head_dim": qwen.head_dim},
+        "tiny glm4_moe": {"kind": "gqa", "heads": glm4.heads, "kv_heads": glm4.kv_heads, "head_dim": glm4.head_dim},
         "tiny deepseek_v2": {"kind": "mla", "kv_lora_rank": ds.kv_lora_rank, "qk_rope": ds.qk_rope_head_dim,
                              "qk_nope": ds.qk_nope_head_dim, "v_head": ds.v_head_dim},
         "qwen3-30b-a3b shapes": {"kind": "gqa", "heads": Q["num_attention_heads"],

@@ -43,6 +43,14 @@ MODULES = {
     # tiny deepseek_v2 (MLA): fused q_a + kv_a projection and the KV-buffer store
     "dsv3_fused_a_gemm_256_832": ("sglang.jit_kernel.dsv3_fused_a_gemm", "_jit_dsv3_fused_a_gemm_module", (256, 832, True)),
     "set_mla_kv_buffer_1024_128": ("sglang.jit_kernel.set_mla_kv_buffer", "_jit_set_mla_kv_buffer_module", (1024, 128, True)),
+    # tiny glm_moe_dsa (GLM-5's DSA indexer): Hadamard rotation of the indexer's q and k, and the
+    # fused FP8 store of the indexer key cache (key bf16, int64 cache locations, DSA page size 64).
+    # Its rope (neox, 64 of 128 dims) and MLA modules are the ones above; glm4_moe's partial rope
+    # (neox, 64 of 128) too. DeepGEMM's FP8 MQA-logits kernels JIT-compile in DeepGEMM's own cache
+    # (not tvm-ffi's) and are not covered here.
+    "hadamard_bf16": ("sglang.jit_kernel.hadamard", "_jit_hadamard_module", ("bfloat16",)),
+    "dsa_fused_store_bf16_int64_64": ("sglang.jit_kernel.fused_store_index_cache", "_jit_dsa_fused_store_module",
+                                      ("bfloat16", "int64", 64)),
 }
 
 

@@ -59,7 +59,7 @@ def parse_args(argv):
     ap.add_argument("--glibc", help="target glibc, e.g. 2.39: manylinux tags up to it are accepted (default: policy, else 2.39)")
     ap.add_argument("--arch", help="target machine (default: policy, else x86_64)")
     ap.add_argument("--exclude-from", metavar="FILE", help="`pip freeze` / `pip list` output of the target")
-    # 50: a part plus the checkout's tracked files (9.7 MB in session 11, growing with results) must
+    # 50: a part plus the checkout's tracked files (about 10 MB, growing with results) must
     # stay under the 64 MiB one GPU-host call carries; the largest wheel (xgrammar, 45 MB) sets the floor.
     ap.add_argument("--split-mb", type=float, default=50.0, help="largest part in MB (10^6 bytes); default 50")
     ap.add_argument("--out", required=True, type=Path, help="output directory")

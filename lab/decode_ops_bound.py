@@ -1,5 +1,5 @@
 """Lower bound on the W4A16 decode: which rotate+mask layouts turn a 32-bit word of 8 e2m1 values
-into its 4 bf16x2 pairs in at most LIMIT integer ops; none for 8 (docs/kernels.md "Sessions 18-19").
+into its 4 bf16x2 pairs in at most LIMIT integer ops; none for 8 (docs/kernels.md).
 
 Model: pair p's 8 value bits must land on the bf16x2 positions T (exponent low bits, mantissa top
 bit, sign of both halves); the encoding (which source bit holds what) is free. Each target bit of
@@ -12,7 +12,7 @@ the encoding shifts every rotation and only lowers the cost, so rotation 0 is as
     python lab/decode_ops_bound.py 9 --first  # finds a 9-op layout (slower)
 It first checks that the model accepts layout.py's own 9-op decode.
 
---two-words (session 20) asks whether decoding two words together does better: a funnel shift
+--two-words asks whether decoding two words together does better: a funnel shift
 (SHF.R.W of the pair hi:lo) takes any 32-bit window of the 64 bits, so pairs may draw on both
 words. Eight outputs need at least eight sources (each holds 8 bits at T), and eight that are
 fully used would be an exact cover of the 64 bits by translates of T: none exists. Nine sources

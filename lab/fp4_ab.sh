@@ -3,8 +3,8 @@
 # host drift between runs shows as the new-vs-new spread instead of hiding in the comparison.
 #   bash lab/fp4_ab.sh OLD_LIB NEW_LIB OUT_DIR [SHAPES]
 # OLD_LIB / NEW_LIB: a libsm120_kernels.so or its folder (SGLANG_SM120_KERNEL_LIB). SHAPES: the
-# bench's --shapes list (substring match; "" for every shape; default: the rows furthest from the
-# Marlin target in session 10). Writes OUT_DIR/{new1,old,new2}/fp4-gemm-*.{json,md} and OUT_DIR/compare.md
+# bench's --shapes list (substring match; "" for every shape; default: rows far from the Marlin
+# target). Writes OUT_DIR/{new1,old,new2}/fp4-gemm-*.{json,md} and OUT_DIR/compare.md
 # (lab/compare_fp4.py). The split-K sweep table is skipped (--no-tune); the per-row split
 # columns stay. OLD_ENV / NEW_ENV: extra VAR=VALUE words for that side's runs, e.g.
 # OLD_ENV=SGLANG_SM120_W4A16_WARPS=4 to time an older library with the defaults it shipped with.

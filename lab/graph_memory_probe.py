@@ -3,9 +3,8 @@
     python3 lab/graph_memory_probe.py --out RESULTS/graph-memory.json
 
 Why: layerwise decode at upstream's 36 sizes instantiates 36 x 49 segment graphs where upstream's
-full graphs are 36, and its graph memory came out 2.07x theirs (H200, 2026-12-01). The capture
-report now splits that memory into torch's allocator and the rest; this measures the rest per
-graph directly. For each case, N graphs of K in-place one-element kernels (no allocation inside
+full graphs are 36, so its graph memory is a multiple of theirs. The capture report splits that
+memory into torch's allocator and the rest; this measures the rest per graph directly. For each case, N graphs of K in-place one-element kernels (no allocation inside
 the graphs) are captured into one pool and instantiated; the drop in free device memory minus the
 growth of torch's reserved memory, over N, is the memory a graph costs outside the allocator.
 """

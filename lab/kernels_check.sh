@@ -19,7 +19,7 @@ export CUDA_HOME="${CUDA_HOME:-/usr/local/cuda}"
 export PATH="$CUDA_HOME/bin:$PATH"
 export PYTHONPATH="$PWD/python${PYTHONPATH:+:$PYTHONPATH}"
 # An installed fork (e.g. /tmp/site, built with SGLANG_SM120_KERNELS=0) wins over python/ above;
-# point the kernel API at the library this script builds (second H200 session lost a run to it).
+# point the kernel API at the library this script builds, or the run times a stale one.
 export SGLANG_SM120_KERNEL_LIB="$PWD/python/sglang/sm120/kernels/lib"
 PY="${PYTHON:-python3}"
 T0=$SECONDS

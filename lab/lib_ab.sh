@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # W4A16 kernel libraries timed against each other, one process per run, runs in the order given,
-# each run lab/w4a16_kernel_ab.py (CUDA-graph replays over rotating weight copies, plain
+# each run `lab/fp4_lab.py kernel-ab` (CUDA-graph replays over rotating weight copies, plain
 # and PDL) on the same shapes; then per row the mean of each library's runs and their ratio to the
 # first library, and the geomean of the ratios.
 #   RUNS="base new new.2 base.2" bash lab/lib_ab.sh
 # A run NAME[.N] uses .gpu/NAME/libsm120_kernels.so (.N repeats a library: ABBA orders cancel drift
 # between processes). Env: SH (the --shapes list), MS (default 1,4,8,16), KERNELS (default auto: the
-# plan's kernel; e.g. split), OUT (default /tmp/lib-ab). Session 16 used it for the L2 fill size and
-# the three-stage pipeline (lab/archive/gpu-logs/2026-12-02-s16-*).
+# plan's kernel; e.g. split), OUT (default /tmp/lib-ab). Use it for a change whose effect is
+# smaller than the drift between processes (a fill size, a pipeline depth).
 set -u
 cd "$(dirname "$0")/.."
 export PYTHONPATH=$PWD/python
@@ -18,7 +18,7 @@ export RUNS
 SH=${SH:-"glm5 q_b tp1,glm5 shared gate_up tp4,glm5 shared gate_up tp8,glm5 q_b tp4,qwen3-30b qkv tp1,qwen3-30b o_proj tp1,glm5 shared gate_up tp1,glm5 kv_b tp1"}
 for run in $RUNS; do
   lib=${run%.*}
-  SGLANG_SM120_KERNEL_LIB=$PWD/.gpu/$lib/libsm120_kernels.so timeout 200 python3 lab/w4a16_kernel_ab.py \
+  SGLANG_SM120_KERNEL_LIB=$PWD/.gpu/$lib/libsm120_kernels.so timeout 200 python3 lab/fp4_lab.py kernel-ab \
     --out "$OUT/ab-$run.jsonl" --kernels "$KERNELS" --ms "${MS:-1,4,8,16}" --shapes "$SH" > "$OUT/ab-$run.txt" 2>&1 \
     || { echo "[lib_ab] run $run failed:"; tail -n 5 "$OUT/ab-$run.txt"; exit 1; }
 done

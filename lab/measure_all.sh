@@ -15,7 +15,7 @@
 #                library, every shape, new/old/new in one call -> RESULTS/fp4-ab/compare.md       400
 #   w4a16-timeline  lab/w4a16_timeline.cu built here with the stamps on: per-CTA phases of
 #                small W4A16 calls (first bytes, compute, split-K hand-off, reduction)            120
-#   fp4-ncu      Nsight Compute on one launch per case of lab/profile_w4a16.py (W4A16
+#   fp4-ncu      Nsight Compute on one launch per case of `lab/fp4_lab.py profile` (W4A16
 #                at M 1/16 with the default and the 0.5x-SMs split plans, cuBLAS bf16 beside them):
 #                stall reasons, occupancy, DRAM throughput -> RESULTS/fp4-ncu.txt               300
 #   graph-memory lab/graph_memory_probe.py: device memory per instantiated CUDA graph
@@ -33,7 +33,7 @@
 #   moe-profile  bench_runner.py --profile-eager-moe: cProfile of the eager MoE steps (bs 64)     300
 #   traps        test_layerwise_traps.py, -k $TRAPS_K (default: qwen3_moe, bf16 and nvfp4)      600
 #   correctness  quick grid of test_layerwise_correctness.py, -k $CORRECTNESS_K (default: every
-#                mode of the bf16 models, the ones the lean eager MoE (default since session 7)
+#                mode of the bf16 models, the ones the lean eager MoE (the default)
 #                changes; a layerwise mode needs its `full` control in the same process)      1500
 #   correctness-full  the issue's whole grid (bs {1,3,17,64,300,1024} x lengths {7,128,2000}, no
 #                SGLANG_SM120_GPU_QUICK), every mode with the control, for each of
@@ -42,7 +42,7 @@
 #                $CORRECTNESS_FULL_ZERO_COPY_MODELS (default qwen3_moe-bf16) beside them under
 #                SGLANG_SM120_LAYERWISE_ZERO_COPY=1 -> RESULTS/full-grid/[zero-copy/]     2400 each
 #   correctness-alone  the whole grid of $CORRECTNESS_ALONE_K (default deepseek_v2-bf16, whose bs-1
-#                cells diverged under both layerwise modes in session 10's shared-GPU run) with
+#                cells can diverge under both layerwise modes on a shared GPU) with
 #                nothing else on the GPU, then again with upstream's MoE path (SGLANG_SM120_LEAN_MOE=0)
 #                -> RESULTS/alone/, RESULTS/alone-upstream-moe/                                   900 each
 #   eager-warmup bench_runner.py --diagnose-eager-warmup: where upstream's graphs-disabled
@@ -117,7 +117,7 @@ for s in "${STEPS[@]}"; do
           --section LaunchStats --section Occupancy --section WarpStateStats --section SchedulerStats \
           --section MemoryWorkloadAnalysis --metrics 'regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio' \
           --log-file "$RES/fp4-ncu.txt" \
-          "$PY" lab/profile_w4a16.py --cases-out "$RES/fp4-ncu-cases.json"
+          "$PY" lab/fp4_lab.py profile --cases-out "$RES/fp4-ncu-cases.json"
       fi ;;
     graph-memory)
       step graph-memory 180 "$PY" lab/graph_memory_probe.py --out "$RES/graph-memory.json" ;;

@@ -3,8 +3,8 @@
 
     python lab/prefill_profile.py --tag h200 [--configs upstream layerwise layerwise_fa2_prefill] [--tokens 1024 4096]
 
-Why: layerwise prefill took 1.07x `breakable`'s time at 1024 and 4096 tokens (H200, session 7)
-and host time alone does not explain it (docs/runner.md 5.6). Each configuration runs
+Why: where layerwise prefill takes longer than `breakable`, host time alone does not say why
+(docs/runner.md 5.6). Each configuration runs
 upstream's one-batch benchmark on the Qwen3-30B-shaped dummy model (bench_runner's setup) with
 its torch profiler on the prefill of each batch (GPU activity only, so the host is not slowed);
 the last trace per token count (the second pass: compiles paid) is read here. Per trace: the

@@ -2,8 +2,8 @@
 """Apply the GPU correctness test's current rule (`judge` in test/gpu/test_layerwise_correctness.py)
 to recorded results files (benchmarks/results/layerwise-correctness-*.json), without a GPU.
 
-Why: the rule changed in session 10 after a run showed that upstream's own CUDA graphs break the
-old absolute limits on the tiny bf16 models; this says what the recorded runs give under the rule
+Why: upstream's own CUDA graphs break fixed absolute limits on the tiny bf16 models, so the rule
+is relative to a control; recorded runs may predate it, and this says what they give under the rule
 the next GPU run will apply. One approximation, printed with every verdict that uses it: the files
 hold per-cell counts, not per-prompt tokens, so where layerwise must equal the control prompt by
 prompt (same kernels), "every cell of the mode equals the control's cell" stands in for it, and a

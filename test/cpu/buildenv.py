@@ -53,3 +53,32 @@ def error_line(proc: subprocess.CompletedProcess) -> str:
     lines = [l for l in proc.stderr.splitlines() if l.startswith("error: ")]
     assert len(lines) == 1, proc.stderr
     return lines[0]
+
+
+def write_patched_tree(dest: Path):
+    """Upstream's sglang/ sources with the whole series applied, written under dest/python, the
+    overlay linked in. Returns (root, series names, {patched member: text}); raises
+    UpstreamUnavailable when the pinned wheel cannot be had."""
+    from forkbuild.build import patched_members
+    from forkbuild.patches import parse_patch, read_series
+    from forkbuild.tree import pinned_upstream
+
+    try:
+        members = pinned_upstream()
+    except Exception as e:  # noqa: BLE001
+        raise UpstreamUnavailable(f"pinned upstream wheel unavailable (needs PyPI or SGLANG_UPSTREAM_WHEEL): {e}") from e
+    series = series_dir()
+    names = read_series(series)
+    changed = patched_members(members, [parse_patch(n, (series / n).read_text()) for n in names])
+    root = dest / "python"
+    for name, m in members.items():
+        if name.startswith("sglang/"):
+            out = root / name
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_bytes(changed[name].encode() if name in changed else m.data)
+    (root / "sglang" / "sm120").symlink_to(REPO / "python" / "sglang" / "sm120")
+    return root, names, changed
+
+
+class UpstreamUnavailable(RuntimeError):
+    pass

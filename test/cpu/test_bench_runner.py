@@ -93,7 +93,7 @@ def test_graph_memory_target_compares_the_same_sizes(bench):
 
 def _size_memory(kinds, per_size_gb, output_gb=None):
     """A capture report's per-size readings: each size takes per_size_gb (pool, outside) GB; with
-    output_gb, each size's output holds that many GB (readings since session 10)."""
+    output_gb, each size's output holds that many GB (without it, a report that predates that reading)."""
     g = 2**30
     out = {str(size): {"kind": kind, "allocated": 0, "reserved": int(per_size_gb[0] * g), "pool": int(per_size_gb[0] * g),
                        "outside": int(per_size_gb[1] * g)} for size, kind in kinds.items()}

@@ -39,7 +39,10 @@ def _plan_names(arch: str) -> list:
 
 def test_plan_covers_what_the_gpu_jobs_plan_on_sm90():
     names = _plan_names("9.0a")
-    assert len(names) == len(set(names)) == 9
+    assert len(names) == len(set(names)) == 10
+    # tiny glm4_moe (4 heads / 2 kv heads of 128) decodes through the batch decode module
+    assert sum(n.startswith("batch_decode_with_kv_cache") and "head_dim_qk_128_head_dim_vo_128_" in n
+               for n in names) == 1
     prefill = [n for n in names if n.startswith("batch_prefill_with_kv_cache")]
     # fa2 (paged prefill, tensor-core decode) and fa3 (ragged prefill) for head dims 64 and 128
     for d in (64, 128):
@@ -56,7 +59,7 @@ def test_plan_covers_what_the_gpu_jobs_plan_on_sm90():
 def test_plan_without_fa3_off_hopper():
     names = _plan_names("12.0f")
     assert not any(n.endswith("_sm90") for n in names)
-    assert len(names) == len(set(names)) == 7  # fa2 serves paged and ragged alike
+    assert len(names) == len(set(names)) == 8  # fa2 serves paged and ragged alike
 
 
 def test_gqa_below_four_adds_the_decode_module(monkeypatch):

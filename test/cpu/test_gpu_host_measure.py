@@ -93,9 +93,36 @@ def test_ncu_step_profiles_the_w4a16_cases_with_the_clocks_left_alone(tmp_path):
     proc, calls = run(tmp_path, "fp4-ncu")
     assert proc.returncode == 0, proc.stdout
     assert len(calls) == 1 and calls[0].startswith("--clock-control none --profile-from-start off")
-    assert "lab/profile_w4a16.py" in calls[0]
+    assert "lab/fp4_lab.py profile" in calls[0]
     assert "--log-file " + str(tmp_path / "res" / "fp4-ncu.txt") in calls[0]
 
+
+
+def test_fp4_lab_parses_every_call_the_lab_drivers_make(tmp_path):
+    """The ncu step's and lib_ab.sh's fp4_lab.py command lines name a subcommand and flags that exist
+    (argparse exits 2 on an unknown one), and every subcommand's --help runs without torch."""
+    import importlib.util
+    import sys
+
+    spec = importlib.util.spec_from_file_location("fp4_lab", REPO / "lab" / "fp4_lab.py")
+    lab = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(lab)
+    proc, calls = run(tmp_path, "fp4-ncu")
+    assert proc.returncode == 0, proc.stdout
+    argv = calls[0].split("lab/fp4_lab.py ", 1)[1].split()
+    assert lab.parser().parse_args(argv).func is lab.profile
+    assert "lab/fp4_lab.py kernel-ab" in (REPO / "lab" / "lib_ab.sh").read_text()
+    args = lab.parser().parse_args(["kernel-ab", "--out", "x", "--kernels", "auto", "--ms", "1,4", "--shapes", "q_b"])
+    assert args.func is lab.kernel_ab and lab.int_list(args.ms) == [1, 4]
+    assert lab.parse_case("16384,2048,1,warps=8,cluster=1") == (16384, 2048, 1, {"warps": 8, "cluster": True})
+    env = dict(os.environ, PYTHONPATH="")
+    for sub in ("order-probe", "marlin-rows", "pdl-chain", "profile", "hot-cold", "kernel-ab"):
+        done = subprocess.run([sys.executable, "-S", str(REPO / "lab" / "fp4_lab.py"), sub, "--help"], env=env,
+                              capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0 and f"fp4_lab.py {sub}" in done.stdout, done.stderr
+    bad = subprocess.run([sys.executable, str(REPO / "lab" / "fp4_lab.py"), "no-such"], capture_output=True,
+                         text=True, timeout=60)
+    assert bad.returncode == 2 and "invalid choice" in bad.stderr
 
 def test_ncu_step_fails_plainly_without_ncu(tmp_path):
     fake = tmp_path / "python"

@@ -107,8 +107,8 @@ def _functions(sass: str) -> dict:
 
 def test_w4a16_prefetches_weights_before_the_pdl_wait_and_has_no_sc_fence(built, cuobjdump):
     """PDL: weight copies (LDGSTS) precede griddepcontrol.wait (ACQBULK), the grid triggers its
-    dependents (PREEXIT) after its output store (session 20: triggered after the K loop, one-wave
-    chains at M >= 7 ran slower under PDL than plain), the split-K hand-off uses one acq_rel
+    dependents (PREEXIT) after its output store (triggered after the K loop, one-wave chains at
+    M >= 7 run slower under PDL than plain), the split-K hand-off uses one acq_rel
     atomic, not fence.sc, and the cluster reduction has its two cluster barriers (UCGABAR arrive +
     wait)."""
     _, out, _ = built
@@ -121,7 +121,7 @@ def test_w4a16_prefetches_weights_before_the_pdl_wait_and_has_no_sc_fence(built,
             assert "STG.E.U16" not in body.split("PREEXIT", 1)[1], (arch, name, "an output store after the trigger")
             before_wait = body.split("ACQBULK", 1)[0]
             assert before_wait.count("LDGSTS") >= 4, (arch, name)  # the first stages' weights
-            # every copy asks L2 for 256-byte fills (session 16)
+            # every copy asks L2 for 256-byte fills (the neighbouring lines of a streamed tile come along)
             assert before_wait.count("LDGSTS.E.BYPASS.LTC256B.128") >= 4 and "LDGSTS.E.BYPASS.128" not in body, (
                 arch, name)
             assert "MEMBAR.SC" not in body, (arch, name)
@@ -130,7 +130,7 @@ def test_w4a16_prefetches_weights_before_the_pdl_wait_and_has_no_sc_fence(built,
             m_tiles, warps = map(int, re.search(r"ILi(\d)ELi(\d)E", name).groups())
             assert body.count("LDG.E.U16") == 4 * m_tiles * (8 // warps), (
                 arch, name, "one copy of the output store (bias loads per element)")
-            # split-K partials move as one float4 per MMA accumulator (session 12), both ways
+            # split-K partials move as one float4 per MMA accumulator, both ways (fewest hand-off instructions)
             assert body.count("STG.E.128.STRONG.GPU") == m_tiles * (8 // warps), (arch, name)
             assert "LDG.E.128.STRONG.GPU" in body and "LDG.E.STRONG.GPU" not in body, (arch, name)
             assert "GLOBALTIMER" not in body, (arch, name, "timeline stamps are for the probe build only")
@@ -160,7 +160,7 @@ def test_warpk_kernel_sass_waits_triggers_clusters_and_stores_once(built, cuobjd
                 assert "CCTL.E.PF2" in before_wait and "LDG.E.NA.LTC256B.128.CONSTANT" in before_wait, (arch, name)
             else:
                 assert name.endswith("ELb0EEEvNS_11W4A16ParamsE") and "CCTL.E.PF2" not in body, (arch, name)
-            # 256-byte L2 fills (session 16)
+            # 256-byte L2 fills, as in the split-K kernel
             assert "LDG.E.NA.LTC256B.128.CONSTANT" in body and "LDG.E.NA.LTC256B.64.CONSTANT" in body, (arch, name)
             assert "LDG.E.NA.128.CONSTANT" not in body, (arch, name)
             assert "LDG.E.128.STRONG.GPU" in body, (arch, name)  # ld.global.cg of X

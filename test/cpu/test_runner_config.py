@@ -17,6 +17,8 @@ from types import SimpleNamespace
 
 import pytest
 
+import buildenv
+
 from sglang.sm120.runner import config as C
 
 REPO = Path(__file__).resolve().parents[2]
@@ -178,8 +180,9 @@ def test_finalize_ignores_other_backends():
 
 
 def test_flashinfer_workspace_formula_explains_the_measured_overflow():
-    # Qwen3-30B-A3B, one GPU: 32 q heads, 4 kv heads, head_dim 128, decode bs 1024. REFERENCE.md:
-    # "Buffer overflow ... batch_prefill_tmp_s ... only 262144 bytes available" in 384 MiB.
+    # Qwen3-30B-A3B, one GPU: 32 q heads, 4 kv heads, head_dim 128, decode bs 1024. Upstream's
+    # FlashInfer workspace at that size fails with "Buffer overflow ... batch_prefill_tmp_s ... only
+    # 262144 bytes available" in 384 MiB.
     heads, tiles, cta, hd = 32, (1024 * 8 // 16) + 1024 - 1, 16, 128
     tmp_v = heads * tiles * cta * hd * 4
     assert C.FLASHINFER_DEFAULT_WORKSPACE - tmp_v == 262144
@@ -293,44 +296,12 @@ _SCENARIOS = textwrap.dedent(
 from sglang.sm120.model_shapes import QWEN3_30B_A3B_CONFIG as _QWEN3_30B_CONFIG  # noqa: E402
 
 
-def _series_dir():
-    sys.path.insert(0, str(REPO))
-    try:
-        from forkbuild.config import load_pin
-    finally:
-        sys.path.remove(str(REPO))
-    return load_pin().patch_dir
-
-
-def _patch_names():
-    from forkbuild.patches import read_series
-
-    return read_series(_series_dir())
-
-
 @pytest.fixture(scope="module")
 def patched_tree(tmp_path_factory):
-    sys.path.insert(0, str(REPO))
     try:
-        from forkbuild.build import patched_members
-        from forkbuild.patches import parse_patch
-        from forkbuild.tree import pinned_upstream
-
-        try:
-            members = pinned_upstream()
-        except Exception as e:  # noqa: BLE001
-            pytest.fail(f"pinned upstream wheel unavailable (needs PyPI or SGLANG_UPSTREAM_WHEEL): {e}")
-        patches = [parse_patch(n, (_series_dir() / n).read_text()) for n in _patch_names()]
-        changed = patched_members(members, patches)
-    finally:
-        sys.path.remove(str(REPO))
-    root = tmp_path_factory.mktemp("patched") / "python"
-    for name, m in members.items():
-        if name.startswith("sglang/"):
-            dest = root / name
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            dest.write_bytes(changed[name].encode() if name in changed else m.data)
-    (root / "sglang" / "sm120").symlink_to(REPO / "python" / "sglang" / "sm120")
+        root, _, _ = buildenv.write_patched_tree(tmp_path_factory.mktemp("patched"))
+    except buildenv.UpstreamUnavailable as e:
+        pytest.fail(str(e))
     model = tmp_path_factory.mktemp("qwen3_30b_shapes")
     (model / "config.json").write_text(json.dumps(_QWEN3_30B_CONFIG))
     from sglang.sm120.tiny import spec

@@ -23,7 +23,7 @@ from sglang.sm120.runner.sizes import (
 def test_upstream_decode_sizes_match_upstream_schedule():
     assert upstream_decode_sizes(256)[:6] == [1, 2, 4, 8, 12, 16]
     assert upstream_decode_sizes(256)[-3:] == [240, 248, 256]
-    assert len(upstream_decode_sizes(256)) == 36  # "decode capture 36 sizes" in REFERENCE.md
+    assert len(upstream_decode_sizes(256)) == 36  # upstream 0.5.16 captures 36 decode sizes up to 256
     assert upstream_decode_sizes(100)[-1] == 100  # max_bs itself always captured
 
 

@@ -19,7 +19,7 @@ from sglang.sm120 import nvfp4
 from sglang.sm120.tiny import agreement, quantize, reference
 from sglang.sm120.tiny.__main__ import main as tiny_main
 from sglang.sm120.tiny.build import CHECKPOINT_FILES, build, compare_scores, load_reference
-from sglang.sm120.tiny.spec import default_spec
+from sglang.sm120.tiny.spec import ARCHS, DEEPSEEK_MOE_ARCHS, GQA_ARCHS, MLA_ARCHS, default_spec
 
 SMALL = dict(layers=2, experts=4, top_k=2, vocab=512)
 
@@ -34,10 +34,10 @@ def _sha(d, name):
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
-    """Default-size NVFP4 models of both archs and a small bf16 one (built once)."""
+    """Default-size NVFP4 models of every arch and a small bf16 one (built once)."""
     root = tmp_path_factory.mktemp("tiny")
     out = {}
-    for arch in ("qwen3_moe", "deepseek_v2"):
+    for arch in ARCHS:
         out[arch, "nvfp4"] = build(str(root / f"{arch}-nvfp4"), default_spec(arch, "nvfp4"),
                                    log=lambda m: None)
         out[arch, "bf16-small"] = build(str(root / f"{arch}-bf16-small"),
@@ -78,12 +78,13 @@ def _small_argv():
 
 # ----------------------------------------------------------------------------- determinism
 
-@pytest.mark.parametrize("quant", ["bf16", "nvfp4"])
-def test_bytes_are_deterministic_for_a_seed_and_differ_across_seeds(tmp_path, quant):
+@pytest.mark.parametrize("arch, quant", [("deepseek_v2", "bf16"), ("deepseek_v2", "nvfp4"),
+                                         ("glm_moe_dsa", "nvfp4"), ("glm4_moe", "nvfp4")])
+def test_bytes_are_deterministic_for_a_seed_and_differ_across_seeds(tmp_path, arch, quant):
     files = list(CHECKPOINT_FILES) + (["hf_quant_config.json"] if quant == "nvfp4" else [])
     dirs = []
     for name, seed in (("a", 0), ("b", 0), ("c", 1)):
-        assert tiny_main(["--arch", "deepseek_v2", "--quant", quant, "--seed", str(seed),
+        assert tiny_main(["--arch", arch, "--quant", quant, "--seed", str(seed),
                           "--out", str(tmp_path / name)] + _small_argv()) == 0
         dirs.append(str(tmp_path / name))
     a, b, c = dirs
@@ -107,23 +108,29 @@ def _expected_bf16_names(spec):
         a = f"{p}.self_attn"
         if spec.arch == "qwen3_moe":
             names |= {f"{a}.{n}.weight" for n in ("q_proj", "k_proj", "v_proj", "o_proj", "q_norm", "k_norm")}
+        elif spec.arch == "glm4_moe":
+            names |= {f"{a}.{n}.weight" for n in ("q_proj", "k_proj", "v_proj", "o_proj")}
+            names |= {f"{a}.{n}.bias" for n in ("q_proj", "k_proj", "v_proj")}
         else:
             names |= {f"{a}.{n}.weight" for n in ("q_a_proj", "q_a_layernorm", "q_b_proj",
                                                   "kv_a_proj_with_mqa", "kv_a_layernorm",
                                                   "kv_b_proj", "o_proj")}
+        if spec.arch == "glm_moe_dsa":
+            names |= {f"{a}.indexer.{n}.weight" for n in ("wq_b", "wk", "k_norm", "weights_proj")}
+            names.add(f"{a}.indexer.k_norm.bias")
         mlp = ("gate_proj", "up_proj", "down_proj")
-        if spec.arch == "deepseek_v2" and i < spec.dense_layers:
+        if spec.arch in DEEPSEEK_MOE_ARCHS and i < spec.dense_layers:
             names |= {f"{p}.mlp.{n}.weight" for n in mlp}
             continue
         names.add(f"{p}.mlp.gate.weight")
         names |= {f"{p}.mlp.experts.{e}.{n}.weight" for e in range(spec.experts) for n in mlp}
-        if spec.arch == "deepseek_v2":
+        if spec.arch in DEEPSEEK_MOE_ARCHS:
             names.add(f"{p}.mlp.gate.e_score_correction_bias")
             names |= {f"{p}.mlp.shared_experts.{n}.weight" for n in mlp}
     return names
 
 
-@pytest.mark.parametrize("arch", ["qwen3_moe", "deepseek_v2"])
+@pytest.mark.parametrize("arch", ARCHS)
 def test_bf16_checkpoint_layout(models, arch):
     d = models[arch, "bf16-small"]
     spec = default_spec(arch, "bf16", **SMALL)
@@ -138,7 +145,7 @@ def test_bf16_checkpoint_layout(models, arch):
     assert cfg["torch_dtype"] == "bfloat16" and "quantization_config" not in cfg
 
 
-@pytest.mark.parametrize("arch", ["qwen3_moe", "deepseek_v2"])
+@pytest.mark.parametrize("arch", ARCHS)
 def test_nvfp4_checkpoint_layout(models, arch):
     d = models[arch, "nvfp4"]
     spec = default_spec(arch, "nvfp4")
@@ -148,6 +155,9 @@ def test_nvfp4_checkpoint_layout(models, arch):
     expected = set()
     for name in _expected_bf16_names(spec):
         mod = name[: -len(".weight")] if name.endswith(".weight") else None
+        if mod is None and name.endswith(".bias"):  # a quantized linear keeps its bias in bf16
+            expected.add(name)
+            continue
         if mod in quantized:
             expected |= {f"{mod}.{k}" for k in ("weight", "weight_scale", "weight_scale_2", "input_scale")}
         else:
@@ -170,15 +180,20 @@ def test_nvfp4_checkpoint_layout(models, arch):
     # what stays bf16, and the quant config sglang reads
     for name in ("lm_head.weight", "model.embed_tokens.weight", "model.norm.weight"):
         assert t[name].dtype == torch.bfloat16
-    moe_layer = spec.dense_layers if arch == "deepseek_v2" else 0
+    moe_layer = spec.dense_layers if arch in DEEPSEEK_MOE_ARCHS else 0
     assert t[f"model.layers.{moe_layer}.mlp.gate.weight"].dtype == torch.bfloat16
-    if arch == "deepseek_v2":
+    if arch in MLA_ARCHS:  # attention (and GLM-5's indexer with it) stays bf16
         attn = [n for n in t if ".self_attn." in n]
         assert attn and all(t[n].dtype == torch.bfloat16 for n in attn)
+    if arch == "glm_moe_dsa":
+        assert t["model.layers.0.self_attn.indexer.wq_b.weight"].dtype == torch.bfloat16
+    if arch == "glm4_moe":  # q/k/v quantized, their biases bf16
+        assert t["model.layers.0.self_attn.q_proj.weight"].dtype == torch.uint8
+        assert t["model.layers.0.self_attn.q_proj.bias"].dtype == torch.bfloat16
     hq = json.load(open(os.path.join(d, "hf_quant_config.json")))["quantization"]
     assert hq["quant_algo"] == "NVFP4" and hq["group_size"] == 16
     assert "lm_head" in hq["exclude_modules"]
-    assert ("model.layers.*.self_attn*" in hq["exclude_modules"]) == (arch == "deepseek_v2")
+    assert ("model.layers.*.self_attn*" in hq["exclude_modules"]) == (arch in MLA_ARCHS)
     assert "quantization_config" not in json.load(open(os.path.join(d, "config.json")))
 
 
@@ -205,7 +220,7 @@ ELEMENT_BOUND = 17.0 / 16.0 / 6.0
 RELATIVE_RMS_BOUND = 0.12
 
 
-@pytest.mark.parametrize("arch", ["qwen3_moe", "deepseek_v2"])
+@pytest.mark.parametrize("arch", ARCHS)
 def test_quantize_dequantize_error_bound(models, arch):
     t = load_file(os.path.join(models[arch, "nvfp4"], "model.safetensors"))
     w = _default_weights(arch)
@@ -223,7 +238,7 @@ def test_quantize_dequantize_error_bound(models, arch):
     assert worst_rel < RELATIVE_RMS_BOUND, worst_rel
 
 
-@pytest.mark.parametrize("arch", ["qwen3_moe", "deepseek_v2"])
+@pytest.mark.parametrize("arch", ARCHS)
 def test_input_scales_come_from_calibration_with_headroom(models, arch):
     d = models[arch, "nvfp4"]
     spec = default_spec(arch, "nvfp4")
@@ -242,7 +257,7 @@ def test_input_scales_come_from_calibration_with_headroom(models, arch):
 
 # ----------------------------------------------------------------------------- transformers
 
-@pytest.mark.parametrize("arch", ["qwen3_moe", "deepseek_v2"])
+@pytest.mark.parametrize("arch", ARCHS)
 def test_transformers_loads_config_and_tokenizer_with_chat_template(models, arch):
     from transformers import AutoConfig, AutoTokenizer
 
@@ -252,11 +267,21 @@ def test_transformers_loads_config_and_tokenizer_with_chat_template(models, arch
     assert cfg.vocab_size == spec.vocab and cfg.hidden_size == spec.hidden
     if arch == "qwen3_moe":
         assert cfg.model_type == "qwen3_moe" and cfg.num_experts == spec.experts
+    elif arch == "glm4_moe":
+        assert cfg.model_type == "glm4_moe" and cfg.n_routed_experts == spec.experts
+        assert cfg.attention_bias is True and cfg.use_qk_norm is False
+        assert cfg.first_k_dense_replace == spec.dense_layers and cfg.n_shared_experts == 1
     else:
-        assert cfg.model_type == "deepseek_v3" and cfg.n_routed_experts == spec.experts
+        assert cfg.model_type == {"deepseek_v2": "deepseek_v3", "glm_moe_dsa": "glm_moe_dsa"}[arch]
+        assert cfg.n_routed_experts == spec.experts
         # keys sglang reads that transformers' class does not declare must survive loading
         assert (cfg.topk_method, cfg.scoring_func, cfg.moe_layer_freq) == ("noaux_tc", "sigmoid", 1)
         assert cfg.kv_lora_rank == 512 and cfg.qk_rope_head_dim == 64
+    if arch == "glm_moe_dsa":
+        assert (cfg.index_n_heads, cfg.index_head_dim, cfg.index_topk) == (32, 128, 2048)
+        # sglang's own predicates pick the DSA path for this config
+        from sglang.srt.configs.model_config import get_dsa_index_topk, is_deepseek_dsa
+        assert is_deepseek_dsa(cfg) and get_dsa_index_topk(cfg) == 2048
     tok = AutoTokenizer.from_pretrained(d)
     assert len(tok) == cfg.vocab_size
     assert (tok.bos_token, tok.eos_token, tok.pad_token) == ("<|bos|>", "<|eos|>", "<|pad|>")
@@ -272,7 +297,7 @@ def test_transformers_loads_config_and_tokenizer_with_chat_template(models, arch
     assert tok.convert_tokens_to_ids("<|im_end|>") in gen["eos_token_id"]
 
 
-@pytest.mark.parametrize("arch", ["qwen3_moe", "deepseek_v2"])
+@pytest.mark.parametrize("arch", ARCHS)
 def test_reference_forward_matches_transformers_modeling(models, arch):
     """transformers loads the bf16 checkpoint with no missing or unexpected weights and computes
     the same logits as the reference forward the factory calibrates and scores with."""
@@ -292,9 +317,33 @@ def test_reference_forward_matches_transformers_modeling(models, arch):
     assert bool((hf.argmax(-1) == mine.argmax(-1)).all())
 
 
+def test_dsa_reference_applies_the_indexer_top_k_like_transformers(tmp_path):
+    """With index_topk below the sequence length the reference keeps each query's top-k keys by
+    the indexer score, as transformers' GlmMoeDsa does; dense attention is then far off (so the
+    check can fail), and at the default index_topk (2048) the reference is dense."""
+    from transformers import AutoModelForCausalLM
+
+    spec = default_spec("glm_moe_dsa", "bf16", **SMALL).replace(index_topk=8)
+    d = build(str(tmp_path / "dsa"), spec, log=lambda m: None)
+    ids = torch.tensor(load_reference(d)["eval"]["sequences"][0])
+    assert ids.numel() > 4 * spec.index_topk
+    model = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32)
+    with torch.no_grad():
+        hf = model(ids[None]).logits[0]
+    w = load_file(os.path.join(d, "model.safetensors"))
+    sparse = reference.TinyForward(spec, w)(ids)
+    dense = reference.TinyForward(spec.replace(index_topk=2048), w)(ids)
+    scale = hf.abs().max()
+    assert (hf - sparse).abs().max() < 1e-3 * scale
+    assert (hf - dense).abs().max() > 0.1 * scale
+    # the first index_topk positions see at most index_topk keys: sparse == dense there
+    k = spec.index_topk
+    assert (sparse[:k] - dense[:k]).abs().max() < 1e-5 * scale
+
+
 # ----------------------------------------------------------------------------- criteria
 
-@pytest.mark.parametrize("arch", ["qwen3_moe", "deepseek_v2"])
+@pytest.mark.parametrize("arch", ARCHS)
 def test_greedy_output_of_the_random_model_is_not_degenerate(models, arch):
     d = models[arch, "nvfp4"]
     ref = load_reference(d)
@@ -321,7 +370,7 @@ def _corrupt(t, how):
     return t
 
 
-@pytest.mark.parametrize("arch", ["qwen3_moe", "deepseek_v2"])
+@pytest.mark.parametrize("arch", ARCHS)
 def test_serving_criteria_reject_broken_nvfp4_checkpoints(models, arch):
     """What the GPU tests assert, applied to deliberately corrupted checkpoints: each fails
     both the reference match and the bf16 tracking limits, while the intact one passes."""

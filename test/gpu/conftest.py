@@ -138,7 +138,7 @@ class Fleet:
         if model not in self.servers:
             srv = harness.Server(name=model, model_dir=self.dirs[model],
                                  log_path=os.path.join(self.serving.out_dir, f"server-{model}.log"),
-                                 args=harness.server_args(model))
+                                 args=harness.server_args(model), env=harness.server_env(model))
             srv.start()
             self.servers[model] = srv
             self.serving.say(f"{model}: launched on port {srv.port}, log {srv.log_path}")

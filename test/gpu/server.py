@@ -21,6 +21,9 @@ import urllib.request
 from dataclasses import dataclass, field
 from typing import Callable, List, Optional
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import tinymodels  # noqa: E402 (the DSA model's flags, shared with the engine tests)
+
 # Server flags for the tests, chosen to start fast on a fresh H200 host (sglang 0.5.16 names).
 # Replace the whole list with SGLANG_SM120_TEST_SERVER_ARGS="..." (shell syntax).
 DEFAULT_SERVER_ARGS: List[str] = [
@@ -29,7 +32,7 @@ DEFAULT_SERVER_ARGS: List[str] = [
     "--attention-backend", "triton",
     # PyTorch sampling: no FlashInfer sampling JIT.
     "--sampling-backend", "pytorch",
-    # No CUDA graphs: capture of MoE models took 2-4+ minutes upstream (REFERENCE.md).
+    # No CUDA graphs: upstream's capture of MoE models takes minutes, longer than this test server should wait.
     "--cuda-graph-backend-decode", "disabled",
     "--cuda-graph-backend-prefill", "disabled",
     # Every request computed from scratch: repeated greedy requests and teacher-forced logprobs
@@ -49,19 +52,41 @@ DEFAULT_SERVER_ARGS: List[str] = [
 ENV_SERVER_ARGS = "SGLANG_SM120_TEST_SERVER_ARGS"
 
 # The served tiny models, "<arch>-<quant>" (built with seed 0 by the session).
-TINY_MODELS = ["qwen3_moe-bf16", "qwen3_moe-nvfp4", "deepseek_v2-bf16", "deepseek_v2-nvfp4"]
-
+TINY_MODELS = ["qwen3_moe-bf16", "qwen3_moe-nvfp4", "deepseek_v2-bf16", "deepseek_v2-nvfp4",
+               "glm_moe_dsa-bf16", "glm_moe_dsa-nvfp4", "glm4_moe-bf16", "glm4_moe-nvfp4"]
 
 # Extra flags by model suffix. NVFP4 runs through Marlin on SM80-SM90, whose MoE reduces with
 # atomic adds: identical greedy requests diverged on the H200 (first run) until deterministic
 # inference turned that off (patch 0302).
+# The DSA model's flags (tinymodels.dsa_flags) come last, so its attention backend wins over the
+# default triton.
 EXTRA_SERVER_ARGS = {"-nvfp4": ["--enable-deterministic-inference"]}
 
 
 def server_args(model: str = "") -> List[str]:
     raw = os.environ.get(ENV_SERVER_ARGS)
     base = shlex.split(raw) if raw is not None else list(DEFAULT_SERVER_ARGS)
-    return base + [a for suffix, extra in EXTRA_SERVER_ARGS.items() if model.endswith(suffix) for a in extra]
+    extra = [a for suffix, more in EXTRA_SERVER_ARGS.items() if model.endswith(suffix) for a in more]
+    if model.startswith(tinymodels.DSA_ARCH + "-"):
+        # sglang refuses --enable-deterministic-inference for DeepSeek-family models unless the
+        # attention backend is fa3 or triton; server_env sets what patch 0302 reads instead
+        extra = [a for a in extra if a != DETERMINISTIC_FLAG] + tinymodels.dsa_flags()
+    return base + extra
+
+
+DETERMINISTIC_FLAG = "--enable-deterministic-inference"
+
+
+def server_env(model: str = "") -> dict:
+    """Environment additions of a model's server: for the DSA model the prefill threshold and,
+    in place of the refused flag, the variable the flag sets (Marlin MoE's ordered reduce)."""
+    if not model.startswith(tinymodels.DSA_ARCH + "-"):
+        return {}
+    env = tinymodels.dsa_env()
+    if any(DETERMINISTIC_FLAG in extra and model.endswith(suffix)
+           for suffix, extra in EXTRA_SERVER_ARGS.items()):
+        env["SGLANG_ENABLE_DETERMINISTIC_INFERENCE"] = "1"
+    return env
 
 
 def free_port() -> int:
@@ -139,6 +164,7 @@ class Server:
     model_dir: str
     log_path: str
     args: List[str] = field(default_factory=server_args)
+    env: dict = field(default_factory=dict)
     port: int = field(default_factory=free_port)
     proc: Optional[subprocess.Popen] = None
     started_at: float = 0.0
@@ -156,6 +182,7 @@ class Server:
 
     def start(self) -> None:
         env = dict(os.environ)
+        env.update(self.env)
         env.setdefault("PYTHONUNBUFFERED", "1")
         # Nothing outside the host is reachable: never try the Hub.
         env.setdefault("HF_HUB_OFFLINE", "1")

@@ -33,7 +33,7 @@ MS = [1, 2, 4, 8, 16, 32, 64, 128, 256, 1024, 4096]
 
 
 def _shapes():
-    """Distinct (N, K) of the attention and shared-expert projections at TP 1, 4, 8 (REFERENCE.md)."""
+    """Distinct (N, K) of the attention and shared-expert projections at TP 1, 4, 8 (sglang.sm120.model_shapes)."""
     seen, uniq = set(), []
     for name, n, k in projection_shapes():
         if (n, k) not in seen:
@@ -70,26 +70,10 @@ def _assert_close(y, ref, absref, what):
 # ----------------------------------------------------------------------------- quantize
 
 def _quant_cases():
-    g = torch.Generator().manual_seed(0)
-    cases = {
-        "random": torch.randn(300, 2048, generator=g) * 3,
-        "all_zero": torch.zeros(130, 256),
-        "max_magnitude": torch.full((129, 64), 3.3895e38).where(torch.rand(129, 64, generator=g) > 0.5,
-                                                                 torch.tensor(-3.3895e38)),
-        "tiny_and_ties": (torch.randint(-12, 13, (257, 512), generator=g) * 0.25) * 2.0 ** -3,
-        "wide_range": torch.randn(77, 1024, generator=g) * torch.logspace(-30, 30, 1024).unsqueeze(0),
-    }
-    special = torch.randn(200, 512, generator=g)
-    special[3, 7] = float("nan")
-    special[10, 100] = float("inf")
-    special[11, 200] = float("-inf")
-    special[12, 16:32] = float("nan")
-    special[13, 32:48] = float("inf")
-    special[14, 48] = float("inf")
-    special[14, 49] = float("nan")
-    special[15, 0:16] = -0.0
-    cases["nan_inf"] = special
-    return cases
+    """The check command's quantize cases: rounding, ties, special values, the full exponent range."""
+    from sglang.sm120.check.correctness import quantize_cases
+
+    return quantize_cases()
 
 
 @pytest.mark.parametrize("case", list(_quant_cases()))
@@ -377,9 +361,9 @@ def test_split_k_workspace_reused_across_plans(K):
     # H200 failure: their tickets lay in an earlier plan's partial area).
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     ws = torch.zeros((8 << 20) + (256 << 10), dtype=torch.uint8, device="cuda")
-    # (N, K, M, split target): 0 = the default plan. The 128- and 96-tile cases name the
-    # pre-session-9 target (2 CTAs per SM): since session 9 the default splits neither (tiles that
-    # fill the SMs; 96 tiles at M > 16), and this test is about > 64-tile plans that split.
+    # (N, K, M, split target): 0 = the default plan. The 128- and 96-tile cases name a target of
+    # 2 CTAs per SM: the default splits neither (tiles that fill the SMs; 96 tiles at M > 16), and
+    # this test is about > 64-tile plans that split.
     cases = ((384, 320, 1, 0), (16384, 2048, 1, 2 * sms), (5120, 2048, 128, 0), (640, 2048, 1024, 0),
              (6144, 256, 128, 2 * sms))
     for n, k, m, target in cases:

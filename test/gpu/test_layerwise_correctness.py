@@ -32,8 +32,8 @@ layerwise modes also on missing graph kinds, eager decode, or a trap hit. The co
 own graphs) is recorded, not failed on its counts: it is the bar, not the code under test.
 Why the control and not graphs disabled: the tiny models' logits are near ties by construction,
 and upstream's own CUDA graphs plan other attention kernels than eager (split-KV decode, FA2
-paged prefill), so they diverge from graphs disabled themselves: on the whole grid in session 10,
-518 of 4,461 qwen3_moe bf16 prompts flipped and 62 diverged beyond a near tie under upstream's
+paged prefill), so they diverge from graphs disabled themselves: on the whole grid of a recorded
+run, 518 of 4,461 qwen3_moe bf16 prompts flipped and 62 diverged beyond a near tie under upstream's
 full graphs, and layerwise on the same kernels gave exactly those (docs/runner.md 5.9).
 
 Why NEAR_TIE_EPS is 0.25 nats for bf16 (not 1e-2): logits come out of a bf16 LM head. The tiny
@@ -67,7 +67,7 @@ from pathlib import Path
 from typing import Dict, List, Optional
 
 import pytest
-from tinymodels import TP, tiny_model, tiny_root  # noqa: F401 (fixture)
+from tinymodels import DSA_ARCH, TP, dsa_engine_kwargs, dsa_env, tiny_model, tiny_root  # noqa: F401 (fixture)
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow]
 
@@ -88,7 +88,9 @@ _LARGEST_BATCH_TOKENS = max(BATCH_SIZES) * (max(PROMPT_LENS) + NEW_TOKENS)
 if MAX_TOKENS is not None and MAX_TOKENS < _LARGEST_BATCH_TOKENS:
     raise ValueError(f"SGLANG_SM120_GPU_MAX_TOKENS={MAX_TOKENS} is below the {_LARGEST_BATCH_TOKENS} "
                      "tokens the largest batch of the grid holds at once")
-MODELS = [("qwen3_moe", "bf16"), ("qwen3_moe", "nvfp4"), ("deepseek_v2", "bf16"), ("deepseek_v2", "nvfp4")]
+MODELS = [(a, q) for a in ("qwen3_moe", "deepseek_v2", "glm_moe_dsa", "glm4_moe") for q in ("bf16", "nvfp4")]
+# GQA archs get layerwise prefill (MLA keeps upstream's prefill: docs/runner.md 5.10)
+GQA_ARCHS = ("qwen3_moe", "glm4_moe")
 TEST_MODES = ["full", "layerwise", "every_size"]
 LAYERWISE_MODES = ("layerwise", "every_size")
 CAPTURE_TAG = "SM120_LAYERWISE_CAPTURE"
@@ -100,7 +102,7 @@ def control_prefill_plan():
     the `full` control's fixed-slot prefill graphs are given too: with upstream's own default
     (chunk // 512 = 16 slots) a 17-request batch ran eagerly under the control but captured under
     layerwise, so the control could not show what upstream's captured prefill attention does to
-    those prompts (session 9, docs/runner.md 5.8)."""
+    those prompts (docs/runner.md 5.8)."""
     from sglang.sm120.runner.sizes import default_prefill_req_slots, prefill_buckets
 
     return prefill_buckets(PREFILL_CHUNK), default_prefill_req_slots(PREFILL_CHUNK, MAX_RUNNING)
@@ -113,7 +115,7 @@ def mode_kwargs(mode: str, arch: str) -> dict:
         # Layerwise prefill is modeled on upstream's fixed-slot 'full' prefill; for MLA layerwise
         # falls back to the prefill upstream resolves (disabled), as here (docs/runner.md 5.10).
         kw = dict(cuda_graph_backend_decode="full")
-        if arch == "qwen3_moe":
+        if arch in GQA_ARCHS:
             buckets, slots = control_prefill_plan()
             kw["cuda_graph_config"] = {"prefill": {"backend": "full", "bs": buckets, "max_bs": max(buckets),
                                                    "full_prefill_max_req": slots}}
@@ -248,7 +250,7 @@ def device_capability():
 def same_kernels_as_control(arch: str, prefill_attention: str, capability) -> bool:
     """Whether a layerwise engine runs the control's kernels: MLA keeps upstream's prefill, and the
     captured MHA prefill attention is upstream's FA2 plan unless `auto` takes FA3 (SM90 only)."""
-    if arch != "qwen3_moe":
+    if arch not in GQA_ARCHS:
         return True
     return prefill_attention == "fa2" or (prefill_attention == "auto" and capability[0] != 9)
 
@@ -332,15 +334,25 @@ def request_groups(vocab: int):
     return groups
 
 
+def attention_kwargs(arch: str) -> dict:
+    """FlashInfer attention, except GLM-5's DSA, which has its own backend (tinymodels.dsa_flags)."""
+    return dsa_engine_kwargs() if arch == DSA_ARCH else {"attention_backend": "flashinfer"}
+
+
 def run_engine(model_dir: Path, mode: str, arch: str, groups, trap_log: Path, passes: int = 1):
     import sglang
 
     os.environ["SGLANG_SM120_TRAPS"] = "log"
     os.environ["SGLANG_SM120_TRAP_LOG"] = str(trap_log)
     os.environ[DYNAMO_FREE_ENV] = "1"
+    for name, value in dsa_env().items():  # engines of other archs must not inherit them
+        if arch == DSA_ARCH:
+            os.environ[name] = value
+        else:
+            os.environ.pop(name, None)
     engine = sglang.Engine(
         model_path=str(model_dir),
-        attention_backend="flashinfer",
+        **attention_kwargs(arch),
         sampling_backend="flashinfer",
         max_running_requests=MAX_RUNNING,
         chunked_prefill_size=PREFILL_CHUNK,
@@ -414,7 +426,7 @@ def _publish(arch, quant, capfd) -> str:
             "model": f"{arch}-{quant}",
             "tp_size": TP,
             "near_tie_eps": NEAR_TIE_EPS[quant],
-            "rule": "judge() in test/gpu/test_layerwise_correctness.py (since session 10: held to the full-graph control)",
+            "rule": "judge() in test/gpu/test_layerwise_correctness.py (held to the full-graph control)",
             "targets": targets,
             "modes": {
                 m: {f"{k[0]}x{k[1]}": c.__dict__ for k, c in cells.items()} for m, cells in rows.items()
@@ -467,7 +479,7 @@ def test_greedy_tokens_match_graphs_disabled(arch, quant, mode, tiny_root, tmp_p
         assert dec["full"] == [] and 1 in dec["layerwise"], dec
     else:
         assert (1 in dec["full"]) or not dec["moe_capturable"], dec
-    if arch == "qwen3_moe":  # MLA (deepseek_v2) keeps upstream's prefill (see docs/runner.md)
+    if arch in GQA_ARCHS:  # MLA (deepseek_v2, glm_moe_dsa) keeps upstream's prefill (see docs/runner.md)
         assert "prefill" in reports and reports["prefill"]["layerwise"], reports
         # the control captured the same prefill buckets (with the same slots: control_prefill_plan)
         assert reports["prefill"]["layerwise"] == control_prefill_plan()[0], reports["prefill"]

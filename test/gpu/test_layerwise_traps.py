@@ -1,5 +1,7 @@
 """No Dynamo and no subprocess once capture begins: server start, capture and a mixed load run
-under the traps in raise mode (tiny qwen3_moe, bf16 and NVFP4, GPU).
+under the traps in raise mode (tiny qwen3_moe and glm_moe_dsa (GLM-5, DSA indexer), bf16 and
+NVFP4, GPU). glm_moe_dsa serves with the host's DSA flags (tinymodels.dsa_flags), the others with
+FlashInfer attention.
 
 The server is started the way old launch scripts do it (`--enable-piecewise-cuda-graph`), with
 SGLANG_SM120_TRAPS=raise and a trap log. A mixed load follows: concurrent requests of prompt
@@ -22,11 +24,15 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from tinymodels import TP, tiny_model, tiny_root  # noqa: F401 (fixture)
+from tinymodels import DSA_ARCH, TP, dsa_env, dsa_flags, tiny_model, tiny_root  # noqa: F401 (fixture)
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow]
 
-MODELS = [("qwen3_moe", "bf16"), ("qwen3_moe", "nvfp4")]
+MODELS = [("qwen3_moe", "bf16"), ("qwen3_moe", "nvfp4"), (DSA_ARCH, "bf16"), (DSA_ARCH, "nvfp4")]
+
+
+def attention_flags(arch: str):
+    return dsa_flags() if arch == DSA_ARCH else ["--attention-backend", "flashinfer"]
 
 
 
@@ -97,9 +103,11 @@ def test_server_capture_and_mixed_load_under_traps(arch, quant, tiny_root, tmp_p
     log_path = out_dir / f"traps-server-{arch}-{quant}{'-tp%d' % TP if TP > 1 else ''}.log"
     port = free_port()
     env = dict(os.environ, SGLANG_SM120_TRAPS="raise", SGLANG_SM120_TRAP_LOG=str(trap_log))
+    if arch == DSA_ARCH:
+        env.update(dsa_env())
     cmd = [
         sys.executable, "-m", "sglang.launch_server", "--model-path", str(model_dir),
-        "--port", str(port), "--enable-piecewise-cuda-graph", "--attention-backend", "flashinfer",
+        "--port", str(port), "--enable-piecewise-cuda-graph", *attention_flags(arch),
         "--max-running-requests", "512", "--mem-fraction-static", "0.7", "--skip-tokenizer-init",
         "--tp-size", str(TP),
     ]

@@ -1,8 +1,11 @@
-"""Serve each tiny model (bf16 and NVFP4, qwen3_moe and deepseek_v2) with sglang and check it.
+"""Serve each tiny model (bf16 and NVFP4; qwen3_moe, deepseek_v2, glm_moe_dsa, glm4_moe) with sglang
+and check it.
 
 Run on a GPU host with the fork installed:
     PYTHONPATH=/tmp/site:python python3 -m pytest -m gpu -q test/gpu/test_serving_tiny.py
 Thresholds and their derivation: docs/tiny-models.md ("Serving tests").
+Selecting: the ids are "<arch>-<quant>" and no test name contains a quant, so `-k bf16` starts
+only bf16 servers, `-k nvfp4` only NVFP4 ones, `-k glm_moe_dsa` both of that arch.
 """
 from __future__ import annotations
 
@@ -151,7 +154,7 @@ def test_matches_cpu_reference(server, serving):
 
 
 @_all(NVFP4_MODELS)
-def test_nvfp4_tracks_bf16(server, serving):
+def test_nvfp4_tracks_unquantized(server, serving):
     """NVFP4 output tracks bf16 output within the bound set by the CPU estimate of the same
     comparison. Compared with the bf16 server of the same arch when it ran in this session,
     otherwise with the bf16 CPU reference."""

@@ -1,10 +1,49 @@
 """Tiny models for GPU tests, made on demand by the factory (`python -m sglang.sm120.tiny`)."""
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+# GLM-5's DSA attention on SM90 with the kernels the GPU-host wheelhouse carries. Upstream's
+# defaults there (bf16 KV cache) are prefill flashmla_sparse, decode fa3, and dense MHA through
+# FA3 for prefills of at most index_topk tokens; FA3 (sgl_kernel/flash_ops.abi3.so) is slimmed
+# out of the wheelhouse, so decode uses FlashMLA's sparse kernel too (sgl_kernel/flashmla_ops,
+# kept) and the dense-MHA prefill threshold is 0 (every prefill takes the sparse MLA path). The
+# indexer needs DeepGEMM (sgl-deep-gemm) in every case. SGLANG_SM120_TEST_DSA_ARGS="" runs
+# upstream's own defaults instead (needs FA3).
+DSA_ARCH = "glm_moe_dsa"
+DSA_SM90_FLAGS = [
+    "--attention-backend", "dsa",
+    "--dsa-prefill-backend", "flashmla_sparse",
+    "--dsa-decode-backend", "flashmla_sparse",
+    "--kv-cache-dtype", "bfloat16",
+    "--page-size", "64",
+]
+DSA_SM90_ENV = {"SGLANG_DSA_PREFILL_DENSE_ATTN_KV_LEN_THRESHOLD": "0"}
+ENV_DSA_ARGS = "SGLANG_SM120_TEST_DSA_ARGS"
+
+
+def dsa_flags() -> list:
+    raw = os.environ.get(ENV_DSA_ARGS)
+    return shlex.split(raw) if raw is not None else list(DSA_SM90_FLAGS)
+
+
+def dsa_env() -> dict:
+    """Environment of a DSA server: the SM90 threshold unless upstream's defaults were asked for."""
+    return dict(DSA_SM90_ENV) if os.environ.get(ENV_DSA_ARGS) is None else {}
+
+
+def dsa_engine_kwargs() -> dict:
+    """dsa_flags() as sglang.Engine keyword arguments (flags are '--name value' pairs)."""
+    flags = dsa_flags()
+    if len(flags) % 2:
+        raise ValueError(f"{ENV_DSA_ARGS}: expected '--flag value' pairs, got {flags}")
+    return {flags[i].lstrip("-").replace("-", "_"): int(v) if v.isdigit() else v
+            for i, v in ((i, flags[i + 1]) for i in range(0, len(flags), 2))}
+
 
 # Tensor-parallel size of the engines the layerwise GPU tests start (2 on a 2-GPU host: issue 7).
 TP = int(os.environ.get("SGLANG_SM120_TP", "1"))

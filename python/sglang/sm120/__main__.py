@@ -1,4 +1,4 @@
-"""python -m sglang.sm120 info"""
+"""python -m sglang.sm120 {info,check}"""
 import argparse
 import json
 import sys
@@ -7,9 +7,16 @@ from sglang.sm120.build_info import build_info
 
 
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["check"]:  # its own options: sglang.sm120.check.cli
+        from sglang.sm120.check.cli import main as check_main
+
+        return check_main(argv[1:])
     ap = argparse.ArgumentParser(prog="python -m sglang.sm120", description="sglang-sm120 fork tools")
     sub = ap.add_subparsers(dest="cmd", required=True)
     sub.add_parser("info", help="print the upstream base (version, what it is verified on), applied series and built kernels as JSON")
+    sub.add_parser("check", help="validate the fork on this GPU (correctness, layerwise graphs, speed); "
+                                 "see `python -m sglang.sm120 check --help`")
     ap.parse_args(argv)
     info = build_info()
     if info.get("version"):

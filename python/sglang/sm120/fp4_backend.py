@@ -2,6 +2,8 @@
 
 On SM120 the fork's own kernels (`sm120`) when their library loads; everywhere else upstream's
 choice stands (None). On SM90 they stay selectable by name, instead of Marlin.
+The choice is provisional: the backend self-checks on the first layer it loads (fp4_selfcheck),
+and a failure disables it here for the process, so `auto` then gives upstream's choice.
 """
 from __future__ import annotations
 
@@ -10,11 +12,21 @@ from typing import Optional
 
 logger = logging.getLogger(__name__)
 
+_disabled_reason: Optional[str] = None
+
+
+def disable_sm120(reason: str) -> None:
+    """The self-check failed: `auto` never picks sm120 again in this process."""
+    global _disabled_reason
+    _disabled_reason = reason
+
 
 def auto_backend_choice() -> Optional[str]:
     try:
         import torch
     except ImportError:
+        return None
+    if _disabled_reason is not None:
         return None
     if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 12:
         return None
@@ -26,5 +38,5 @@ def auto_backend_choice() -> Optional[str]:
         logger.warning("SM120 GPU but the sglang-sm120 kernel library is not loadable (%s); "
                        "NVFP4 GEMMs use upstream's backend", e)
         return None
-    logger.info("NVFP4 GEMM backend: sm120 (fork kernels) on this SM120 GPU")
+    logger.info("NVFP4 GEMM backend: sm120 (fork kernels) on this SM120 GPU, once its self-check passes")
     return "sm120"

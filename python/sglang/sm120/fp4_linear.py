@@ -3,7 +3,9 @@
 Hook (patch over python/sglang/srt/layers/quantization/modelopt_quant.py, ModelOptFp4LinearMethod):
   * process_weights_after_loading(layer): right after upstream sets
     `layer.output_size_per_partition`, call `process_weights_after_loading(layer)` from here and
-    return when the backend is sm120;
+    return when the backend is still sm120 (the first call self-checks the kernels on this GPU,
+    fp4_selfcheck; on failure it switches the process to upstream's backend and leaves the layer
+    untouched for upstream's processing);
   * apply(layer, x, bias): first thing, `return apply(layer, x, bias)` from here when the backend
     is sm120.
 
@@ -23,28 +25,17 @@ Path choice per call (M = tokens):
 from __future__ import annotations
 
 import logging
-import os
 from typing import Optional
 
 import torch
 
-from sglang.sm120 import kernels
+from sglang.sm120 import kernels, settings
 from sglang.sm120.kernels import ops as kops
 
 logger = logging.getLogger(__name__)
 
-W4A16_MAX_M = int(os.environ.get("SGLANG_SM120_FP4_W4A16_MAX_M", "64"))
-LARGE_M_PATH = os.environ.get("SGLANG_SM120_FP4_LARGE_M", "w4a4").strip().lower()
-if LARGE_M_PATH not in ("w4a4", "w4a16"):
-    raise ValueError(f"SGLANG_SM120_FP4_LARGE_M must be 'w4a4' or 'w4a16', got {LARGE_M_PATH!r}")
-
-
-def is_supported_device(device: Optional[torch.device] = None) -> bool:
-    """The kernels run on SM120 (native) and SM90 (portable path, FP4 MMA emulated)."""
-    if not torch.cuda.is_available():
-        return False
-    major, _ = torch.cuda.get_device_capability(device)
-    return major in (9, 12) and kernels.available()
+W4A16_MAX_M = settings.integer("SGLANG_SM120_FP4_W4A16_MAX_M")
+LARGE_M_PATH = settings.choice("SGLANG_SM120_FP4_LARGE_M")
 
 
 def _rebind(layer: torch.nn.Module, name: str, value: torch.Tensor) -> None:
@@ -58,7 +49,24 @@ def _rebind(layer: torch.nn.Module, name: str, value: torch.Tensor) -> None:
         setattr(layer, name, torch.nn.Parameter(value.detach(), requires_grad=False))
 
 
+def uses_w4a16(m: int) -> bool:
+    """Whether apply() runs a call of M tokens on the W4A16 path (else W4A4)."""
+    return m <= W4A16_MAX_M or LARGE_M_PATH == "w4a16"
+
+
 def process_weights_after_loading(layer: torch.nn.Module) -> None:
+    """Repack a loaded layer for the kernels, after the once-per-process self-check on this GPU
+    passed; when it failed, the layer is left as loaded and the process backend is upstream's."""
+    from sglang.sm120 import fp4_selfcheck
+
+    if not kernels.available():
+        raise RuntimeError("--fp4-gemm-backend sm120 needs libsm120_kernels.so: " + _load_error())
+    n, half_k = layer.weight.shape
+    if fp4_selfcheck.ensure_verified(n, 2 * half_k, layer.weight.device).ok:
+        repack(layer)
+
+
+def repack(layer: torch.nn.Module) -> None:
     """Repack a loaded ModelOpt NVFP4 linear layer into the kernel layout (once, at load time)."""
     if not kernels.available():
         raise RuntimeError("--fp4-gemm-backend sm120 needs libsm120_kernels.so: " + _load_error())
@@ -114,7 +122,7 @@ def apply(layer: torch.nn.Module, x: torch.Tensor, bias: Optional[torch.Tensor] 
     if bias is not None and bias.dtype != x2.dtype:
         bias = bias.to(x2.dtype)
     kops.check_activation(x2, pw.k, bias, pw.n)
-    if m <= W4A16_MAX_M or LARGE_M_PATH == "w4a16":
+    if uses_w4a16(m):
         y = kops.layer_w4a16(x2, pw, bias)
     else:
         y = kops.layer_w4a4(x2, layer.sm120_input_scale.data, layer.sm120_input_scale_inv.data, pw, bias)

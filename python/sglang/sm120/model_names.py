@@ -16,6 +16,8 @@ import logging
 import os
 from typing import Optional, Set
 
+from . import settings
+
 logger = logging.getLogger(__name__)
 
 ENV = "SGLANG_SM120_REJECT_UNKNOWN_MODEL"
@@ -33,7 +35,7 @@ class RejectUnknownModelAction(argparse.Action):
 
 
 def enabled() -> bool:
-    return os.environ.get(ENV) == "1"
+    return settings.switch(ENV)
 
 
 def served_names(tokenizer_manager) -> Set[str]:

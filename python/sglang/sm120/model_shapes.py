@@ -1,5 +1,5 @@
-"""Linear-layer shapes of the models the fork targets (REFERENCE.md "Model shapes"), for kernel
-tests and benchmarks. N of column-parallel and K of row-parallel layers are divided by TP."""
+"""Linear-layer shapes of the models the fork targets (from their Hugging Face configs), for
+kernel tests and benchmarks. N of column-parallel and K of row-parallel layers are divided by TP."""
 from __future__ import annotations
 
 from typing import List, Tuple

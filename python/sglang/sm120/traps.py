@@ -29,6 +29,8 @@ import time
 import traceback
 from typing import Callable, List, Optional
 
+from . import settings
+
 ENV_MODE = "SGLANG_SM120_TRAPS"
 ENV_LOG = "SGLANG_SM120_TRAP_LOG"
 MODES = ("raise", "log")
@@ -81,11 +83,10 @@ def disarm() -> None:
 
 def arm_from_env(reason: str) -> bool:
     """Arm per SGLANG_SM120_TRAPS / SGLANG_SM120_TRAP_LOG; returns whether traps are armed."""
-    raw = os.environ.get(ENV_MODE, "").strip().lower()
-    if raw in ("", "0", "off", "false", "no"):
+    mode = settings.choice(ENV_MODE)
+    if mode == "off":
         return False
-    mode = "raise" if raw in ("1", "on", "true", "yes") else raw
-    arm(reason, mode=mode, log_path=os.environ.get(ENV_LOG) or None)
+    arm(reason, mode=mode, log_path=settings.path(ENV_LOG))
     return True
 
 

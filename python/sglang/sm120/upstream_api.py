@@ -125,6 +125,13 @@ ANCHORS: Dict[str, Dict[str, Optional[str]]] = {
     "PrefillCudaGraphRunner": _both(
         "sglang.srt.model_executor.runner.prefill_cuda_graph_runner:PrefillCudaGraphRunner"),
     "model_capture_mode": _both("sglang.srt.model_executor.runner_utils.capture_mode:model_capture_mode"),
+    # runner/runners.py: the decode warm pass re-runs the capture's metadata step (per-size replay kernels)
+    "DecodeCudaGraphRunner.capture_prepare": _both(
+        "sglang.srt.model_executor.runner.decode_cuda_graph_runner:DecodeCudaGraphRunner.capture_prepare"),
+    "DecodeCudaGraphRunner.capture_one_shape": _both(
+        "sglang.srt.model_executor.runner.decode_cuda_graph_runner:DecodeCudaGraphRunner.capture_one_shape"),
+    "ForwardContext": _both("sglang.srt.model_executor.forward_context:ForwardContext"),
+    "forward_context": _both("sglang.srt.model_executor.forward_context:forward_context"),
     "runtime_context.get_forward": _both("sglang.srt.runtime_context:get_forward"),
     "runtime_context.get_server_args": _both("sglang.srt.runtime_context:get_server_args"),
     # runner/config.py: where the resolved CUDA-graph config lives at run time on 0.5.23
@@ -180,10 +187,19 @@ ANCHORS: Dict[str, Dict[str, Optional[str]]] = {
     "sampler": _both("sglang.srt.layers.sampler"),
     "support_triton": _both("sglang.srt.utils.common:support_triton"),
     "write_req_to_token_pool_triton": _both("sglang.kernels.ops.memory.common:write_req_to_token_pool_triton"),
+    "alloc_extend_kernel": _both("sglang.kernels.ops.memory.allocator:alloc_extend_kernel"),
+    "alloc_decode_kernel": _both("sglang.kernels.ops.memory.allocator:alloc_decode_kernel"),
     "create_flashinfer_kv_indices_triton": {
         "0.5.16": "sglang.kernels.ops.kvcache.kv_indices:create_flashinfer_kv_indices_triton",
         "0.5.23": "sglang.kernels.ops.attention.kv_indices:create_flashinfer_kv_indices_triton",
     },
+    # check/: upstream's FP4 linear backends the validation kit times and checks beside the fork's
+    "apply_fp4_marlin_linear": _both("sglang.srt.layers.quantization.marlin_utils_fp4:apply_fp4_marlin_linear"),
+    "prepare_nvfp4_layer_for_marlin": _both(
+        "sglang.srt.layers.quantization.marlin_utils_fp4:prepare_nvfp4_layer_for_marlin"),
+    "ModelOptFp4Config": _both("sglang.srt.layers.quantization.modelopt_quant:ModelOptFp4Config"),
+    "ModelOptFp4LinearMethod": _both("sglang.srt.layers.quantization.modelopt_quant:ModelOptFp4LinearMethod"),
+    "fp4_quantize": _both("sglang.srt.layers.quantization.fp4_utils:fp4_quantize"),
     # fp4_linear.py: how upstream swaps a parameter in place (keeps CUDA-graph addresses)
     "copy_or_rebind_param": _both("sglang.srt.layers.utils.common:copy_or_rebind_param"),
     # model_names.py (patch 0401): the OpenAI serving base the model-name check hooks into
@@ -191,6 +207,11 @@ ANCHORS: Dict[str, Dict[str, Optional[str]]] = {
     # patches: the upstream definitions their hunks change (the hunks' text is checked strictly
     # when they apply; these say which symbols they are about)
     "initialize_fp4_gemm_config": _both("sglang.srt.layers.quantization.fp4_utils:initialize_fp4_gemm_config"),
+    # fp4_selfcheck.py: where initialize_fp4_gemm_config reads the backend on 0.5.23 (0.5.16 passes it)
+    "fp4_utils.get_exec": {
+        "0.5.16": None,
+        "0.5.23": "sglang.srt.layers.quantization.fp4_utils:get_exec",
+    },
     "ModelOptNvFp4FusedMoEMethod.create_moe_runner": _both(
         "sglang.srt.layers.quantization.modelopt_quant:ModelOptNvFp4FusedMoEMethod.create_moe_runner"),
     "VocabParallelEmbedding": _both("sglang.srt.layers.vocab_parallel_embedding:VocabParallelEmbedding"),
@@ -213,6 +234,7 @@ ABSENT: Dict[str, str] = {
     "cuda_graph_hook.disable_full_prefill_cudagraph_if_incompatible":
         "0.5.16 has it as the method ServerArgs._disable_full_prefill_cudagraph_if_incompatible",
     "runtime_context.get_exec": "0.5.16 keeps the resolved config on ServerArgs itself",
+    "fp4_utils.get_exec": "0.5.16's initialize_fp4_gemm_config takes the server args instead",
     "add_fp4_gemm_runner_backend_choices": "0.5.16 has no add_*_choices extension points (patch 0201 edits the list)",
     "ServerArgs._disable_breakable_cudagraph_if_incompatible":
         "0.5.23 moved the per-backend prefill rules into arg_groups/cuda_graph_hook.py",

@@ -7,10 +7,11 @@ Where the library is looked up, first hit wins:
 from __future__ import annotations
 
 import ctypes
-import os
 import threading
 from pathlib import Path
 from typing import Optional
+
+from sglang.sm120 import settings
 
 LIBRARY_NAME = "libsm120_kernels.so"
 ABI_VERSION = 8
@@ -38,7 +39,7 @@ _SIGNATURES = {
 
 
 def library_path() -> Optional[Path]:
-    env = os.environ.get("SGLANG_SM120_KERNEL_LIB")
+    env = settings.path("SGLANG_SM120_KERNEL_LIB")
     if env:
         p = Path(env)
         return p / LIBRARY_NAME if p.is_dir() else p

@@ -9,28 +9,30 @@ are CUDA-graph capturable.
 from __future__ import annotations
 
 import ctypes
-import os
 import threading
 from typing import Optional, Tuple
 
 import torch
 
+from .. import settings
 from . import _lib
 from .layout import PackedWeight
 
 _BF16 = torch.bfloat16
-# partials (SGLANG_SM120_WORKSPACE_MB) + the fixed 256 KB split-K ticket region at the front
-# (kW4A16TicketRegionBytes in csrc/kernels.h)
-_WORKSPACE_BYTES = int(float(os.environ.get("SGLANG_SM120_WORKSPACE_MB", "8")) * (1 << 20)) + (256 << 10)
+# Process-wide defaults of the launch options, from the environment (sglang.sm120.settings); an
+# explicit argument of the ops below wins over them.
+# Workspace: partials (SGLANG_SM120_WORKSPACE_MB) + the fixed 256 KB split-K ticket region at the
+# front (kW4A16TicketRegionBytes in csrc/kernels.h).
+_WORKSPACE_BYTES = int(settings.number("SGLANG_SM120_WORKSPACE_MB") * (1 << 20)) + (256 << 10)
 # Debug mode: synchronize after every launch and name the kernel and sizes of a device fault
 # (otherwise it surfaces at some later, unrelated torch call). Not for production or graph capture.
-_SYNC_AFTER_LAUNCH = os.environ.get("SGLANG_SM120_KERNEL_SYNC", "0") not in ("", "0")
+_SYNC_AFTER_LAUNCH = settings.switch("SGLANG_SM120_KERNEL_SYNC")
 # Programmatic dependent launch of the W4A16 GEMM (its weight prefetch overlaps the previous
 # kernel's tail); SGLANG_SM120_PDL=0 launches it as a plain kernel.
-PDL_DEFAULT = os.environ.get("SGLANG_SM120_PDL", "1") not in ("", "0")
+PDL_DEFAULT = settings.switch("SGLANG_SM120_PDL")
 # Split-K reduced inside a thread-block cluster (<= 8 splits; no workspace round trip through L2)
 # instead of by the last CTA of each tile; SGLANG_SM120_W4A16_CLUSTER=1 makes it the default.
-CLUSTER_DEFAULT = os.environ.get("SGLANG_SM120_W4A16_CLUSTER", "0") not in ("", "0")
+CLUSTER_DEFAULT = settings.switch("SGLANG_SM120_W4A16_CLUSTER")
 _FLAG_PDL, _FLAG_CLUSTER, _FLAG_EIGHT_WARPS = 1, 2, 4  # kW4A16Pdl, ...ClusterReduce, ...EightWarps (kernels.h)
 _FLAG_WARPK, _FLAG_SPLITK, _FLAG_AUTO_WARPS = 8, 16, 32  # kW4A16WarpK, kW4A16SplitK, kW4A16AutoWarps
 _W4A16_WARPS = (4, 8)
@@ -46,7 +48,7 @@ def _kernel(value, name: str) -> str:
     return value
 
 
-KERNEL_DEFAULT = _kernel(os.environ.get("SGLANG_SM120_W4A16_KERNEL", "auto"), "SGLANG_SM120_W4A16_KERNEL")
+KERNEL_DEFAULT = settings.choice("SGLANG_SM120_W4A16_KERNEL")
 
 
 def _warps(value, name: str, auto: bool = False):
@@ -66,11 +68,10 @@ def _warps(value, name: str, auto: bool = False):
 # Warps per 128-row CTA of the W4A16 GEMM: 4 (two 16-row tiles each) or 8 (one each; twice the
 # warps per SM for the same grid, the same bits). The default, "auto": 8 for the 16-token M tile
 # (9 <= M <= 16) unless the split-K grid has more than 3 CTAs per SM, 4 otherwise; the plan decides
-# (csrc/kernels.h, w4a16_eight_warps). On the H200, 3 runs x 22 shapes, 8 warps took 0.95x the time
-# of 4 at M = 16 and 1.00-1.04x at every other M (session 12); glm5 o_proj TP 1 at M = 16 (528 CTAs)
-# 1.10x in every run since, the grid rule of session 15 (docs/kernels.md).
+# (csrc/kernels.h, w4a16_eight_warps): 8 warps are faster at the 16-token tile except on a split-K
+# grid already denser than 3 CTAs per SM, where they are slower (docs/kernels.md).
 # SGLANG_SM120_W4A16_WARPS=4, 8 or auto sets the default.
-WARPS_DEFAULT = _warps(os.environ.get("SGLANG_SM120_W4A16_WARPS", "auto"), "SGLANG_SM120_W4A16_WARPS", auto=True)
+WARPS_DEFAULT = _warps(settings.choice("SGLANG_SM120_W4A16_WARPS"), "SGLANG_SM120_W4A16_WARPS", auto=True)
 
 
 def _warps_flag(warps) -> int:
@@ -155,9 +156,14 @@ def workspace(device: torch.device) -> torch.Tensor:
     return ws
 
 
+def _sync_after(sync: Optional[bool]) -> bool:
+    """Whether a launch synchronizes after itself: `sync` if given, else SGLANG_SM120_KERNEL_SYNC."""
+    return _SYNC_AFTER_LAUNCH if sync is None else bool(sync)
+
+
 def _debug_sync(device: torch.device, what: str) -> None:
-    """SGLANG_SM120_KERNEL_SYNC mode (callers test _SYNC_AFTER_LAUNCH first, so the message `what`
-    is only formatted then): synchronize and name the launch that faulted."""
+    """Sync-after-launch mode (callers test _sync_after first, so the message `what` is only
+    formatted then): synchronize and name the launch that faulted."""
     if torch.cuda.is_current_stream_capturing():
         return
     try:
@@ -174,12 +180,15 @@ def packed_scale_shape(m: int, k: int) -> Tuple[int, int]:
 # ----------------------------------------------------------------------------- ops
 
 def quantize_nvfp4(x: torch.Tensor, global_scale: torch.Tensor, *, mma_order: bool = False,
-                   out: Optional[torch.Tensor] = None, out_scales: Optional[torch.Tensor] = None):
+                   out: Optional[torch.Tensor] = None, out_scales: Optional[torch.Tensor] = None,
+                   sync: Optional[bool] = None):
     """bf16 x [M, K] -> (packed uint8 [M, K/2], scales float8_e4m3fn [M_pad128, K/16 pad 4] swizzled).
 
     global_scale: fp32 1-element CUDA tensor, the ENCODE scale (1 / input_scale). Bit-exact with
     sglang.sm120.nvfp4.quantize_nvfp4 (then swizzle_scales). mma_order=True writes the nibble order
-    the W4A4 GEMM consumes (layout.p_order_packed of the plain result).
+    the W4A4 GEMM consumes (layout.p_order_packed of the plain result). sync: synchronize after
+    the launch and name it if it faulted (None: $SGLANG_SM120_KERNEL_SYNC, default off; debugging
+    only, skipped while a graph is captured).
     """
     _tensor("x", x, _BF16, dim=2)
     dev = x.device
@@ -195,17 +204,17 @@ def quantize_nvfp4(x: torch.Tensor, global_scale: torch.Tensor, *, mma_order: bo
         scales = torch.empty(packed_scale_shape(m, k), dtype=torch.float8_e4m3fn, device=dev)
     else:
         scales = _out("out_scales", out_scales, packed_scale_shape(m, k), (torch.float8_e4m3fn, torch.uint8), dev)
-    _launch_quantize(x, global_scale, packed, scales, bool(mma_order))
+    _launch_quantize(x, global_scale, packed, scales, bool(mma_order), sync)
     return packed, scales
 
 
-def _launch_quantize(x, global_scale, packed, scales, mma_order: bool) -> None:
+def _launch_quantize(x, global_scale, packed, scales, mma_order: bool, sync: Optional[bool] = None) -> None:
     dev = x.device
     m, k = x.shape
     rc = _lib.load().sm120_quantize_nvfp4(dev.index, _ptr(x), _ptr(global_scale), _ptr(packed), _ptr(scales),
                                           m, k, int(mma_order), _stream(dev))
     _lib.check(rc, "quantize_nvfp4")
-    if _SYNC_AFTER_LAUNCH:  # the message is only built in debug mode (eager decode calls this per GEMM)
+    if _sync_after(sync):  # the message is only built in debug mode (eager decode calls this per GEMM)
         _debug_sync(dev, f"quantize_nvfp4(M={m}, K={k}, mma_order={mma_order})")
 
 
@@ -237,7 +246,7 @@ def gemm_w4a16(x: torch.Tensor, weight: PackedWeight, *, bias: Optional[torch.Te
                out: Optional[torch.Tensor] = None, workspace_buf: Optional[torch.Tensor] = None,
                split_target: int = 0, pdl: Optional[bool] = None,
                cluster: Optional[bool] = None, warps: Optional[int] = None,
-               kernel: Optional[str] = None) -> torch.Tensor:
+               kernel: Optional[str] = None, sync: Optional[bool] = None) -> torch.Tensor:
     """y bf16 [M, N] = x bf16 [M, K] . dequant(weight)^T (+ bias), fp32 accumulation.
 
     workspace_buf: optional zero-initialised uint8 CUDA buffer owned by the caller's stream
@@ -256,6 +265,7 @@ def gemm_w4a16(x: torch.Tensor, weight: PackedWeight, *, bias: Optional[torch.Te
     (M <= 16) runs one CTA per 16-row weight tile with K split over its warps: no split-K
     hand-off, different summation order (within the same tolerance, not the same bits). With
     "auto", a nonzero split_target selects the split-K kernel.
+    sync: as quantize_nvfp4's.
     """
     if warps is not None:
         _warps(warps, "warps")  # a bad count is refused before the tensors are looked at
@@ -280,13 +290,13 @@ def gemm_w4a16(x: torch.Tensor, weight: PackedWeight, *, bias: Optional[torch.Te
         _tensor("workspace_buf", workspace_buf, torch.uint8, device=dev)
         _aligned("workspace_buf", workspace_buf)
     _launch_w4a16(x, weight, bias, y, workspace_buf, int(split_target), PDL_DEFAULT if pdl is None else bool(pdl),
-                  CLUSTER_DEFAULT if cluster is None else bool(cluster), warps, kernel)
+                  CLUSTER_DEFAULT if cluster is None else bool(cluster), warps, kernel, sync)
     return y
 
 
 def _launch_w4a16(x, weight: PackedWeight, bias, y, workspace_buf, split_target: int = 0,
                   pdl: bool = PDL_DEFAULT, cluster: bool = CLUSTER_DEFAULT, warps: Optional[int] = None,
-                  kernel: Optional[str] = None) -> None:
+                  kernel: Optional[str] = None, sync: Optional[bool] = None) -> None:
     dev = x.device
     if kernel is None:
         kernel = KERNEL_DEFAULT
@@ -299,7 +309,7 @@ def _launch_w4a16(x, weight: PackedWeight, bias, y, workspace_buf, split_target:
                                       weight.k, _ptr(workspace_buf), workspace_buf.numel(), split_target,
                                       flags, _stream(dev))
     _lib.check(rc, "gemm_w4a16")
-    if _SYNC_AFTER_LAUNCH:
+    if _sync_after(sync):
         _debug_sync(dev, f"gemm_w4a16(M={x.shape[0]}, N={weight.n}, K={weight.k}, split_target={split_target}, "
                          f"pdl={pdl}, cluster={cluster}, warps={WARPS_DEFAULT if warps is None else warps}, "
                          f"kernel={kernel})")
@@ -310,11 +320,12 @@ _W4A4_MODES = {"auto": 0, "hardware": 1, "emulate": 2}
 
 def gemm_w4a4(xq: torch.Tensor, x_scales: torch.Tensor, input_scale: torch.Tensor, weight: PackedWeight,
               *, bias: Optional[torch.Tensor] = None, out: Optional[torch.Tensor] = None,
-              mode: str = "auto") -> torch.Tensor:
+              mode: str = "auto", sync: Optional[bool] = None) -> torch.Tensor:
     """y bf16 [M, N] = (xq . Wq^T) * input_scale * weight_scale_2 (+ bias).
 
     xq, x_scales: from quantize_nvfp4(x, 1 / input_scale, mma_order=True). mode: "auto" (the
     block-scaled FP4 MMA on SM120, its emulation elsewhere), "hardware" (SM120 only) or "emulate".
+    sync: as quantize_nvfp4's.
     """
     _tensor("xq", xq, torch.uint8, dim=2)
     dev = xq.device
@@ -337,17 +348,18 @@ def gemm_w4a4(xq: torch.Tensor, x_scales: torch.Tensor, input_scale: torch.Tenso
         _aligned(name, t)
     bias = _check_bias(bias, weight.n, dev)
     y = _out("out", out, (m, weight.n), _BF16, dev)
-    _launch_w4a4(xq, x_scales, input_scale, weight, bias, y, _W4A4_MODES[mode])
+    _launch_w4a4(xq, x_scales, input_scale, weight, bias, y, _W4A4_MODES[mode], sync)
     return y
 
 
-def _launch_w4a4(xq, x_scales, input_scale, weight: PackedWeight, bias, y, mode: int = 0) -> None:
+def _launch_w4a4(xq, x_scales, input_scale, weight: PackedWeight, bias, y, mode: int = 0,
+                 sync: Optional[bool] = None) -> None:
     dev = xq.device
     rc = _lib.load().sm120_gemm_w4a4(dev.index, _ptr(xq), _ptr(x_scales), _ptr(input_scale), _ptr(weight.qweight),
                                      _ptr(weight.scales), _ptr(weight.weight_scale_2), _ptr(bias), _ptr(y),
                                      xq.shape[0], weight.n, weight.k, mode, _stream(dev))
     _lib.check(rc, "gemm_w4a4")
-    if _SYNC_AFTER_LAUNCH:
+    if _sync_after(sync):
         _debug_sync(dev, f"gemm_w4a4(M={xq.shape[0]}, N={weight.n}, K={weight.k}, mode={mode})")
 
 

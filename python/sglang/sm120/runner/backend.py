@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import time
 from typing import Any, Callable, Dict, Optional
 
@@ -32,6 +31,7 @@ from sglang.srt.model_executor.runner_backend.full_cuda_graph_backend import (
     FullCudaGraphBackend,
 )
 
+from .. import settings
 from . import boundary, prefill_attention, zero_copy
 from .boundary import CaptureSession, ProbeSession, StagingArena
 from .config import resolved_cuda_graph_config
@@ -64,7 +64,7 @@ boundary.register_state_provider(_forward_flags_provider)
 
 
 def _timing_enabled() -> bool:
-    return os.environ.get(TIMING_ENV, "") == "1"
+    return settings.switch(TIMING_ENV)
 
 
 def _oom_on_capture(forward_fn, size):
@@ -154,7 +154,7 @@ class _LayerwiseCommon:
 
     def _capture_segments(self, size: int) -> None:
         key, forward_fn, post_warmup_hook = self._current
-        if os.environ.get(INJECT_OOM_ENV) in (str(size), f"{self.phase}:{size}"):
+        if settings.text(INJECT_OOM_ENV) in (str(size), f"{self.phase}:{size}"):
             forward_fn = _oom_on_capture(forward_fn, size)
         self.entries[key] = capture_size(
             forward_fn,

@@ -47,7 +47,7 @@ def flatten(obj) -> Tuple[List[torch.Tensor], Callable[[Sequence[torch.Tensor]],
     The rebuild function keeps only structure and non-tensor constants, never the leaves. The walk
     is a module-level function given the list: a nested recursive closure would sit in a reference
     cycle with the leaves list, keeping every tensor that crossed a cut alive until the garbage
-    collector ran (on the H200 that held one hidden-state-sized block per layer in the graph pool).
+    collector ran (one hidden-state-sized block per layer held in the graph pool).
     """
     leaves: List[torch.Tensor] = []
     rebuild = _walk(obj, leaves)

@@ -151,10 +151,10 @@ def _fall_back(sa, cfg, phase: str) -> str:
 
     Upstream skips its compatibility rules when the operator named the prefill backend
     (--cuda-graph-backend-prefill layerwise does), and they ran before this hook anyway; so the
-    fallback backend is checked here against upstream's own rules for it. Without this an MLA
-    model got 'breakable' prefill graphs, which upstream disables for MLA ("MLA prefill takes a
-    different attn-forward path under BCG"): session 10's deepseek_v2 divergence at batch 1, where
-    upstream's own graphs (the control) ran that prefill eagerly (docs/runner.md 5.10)."""
+    fallback backend is checked here against upstream's own rules for it: an MLA model must not
+    get 'breakable' prefill graphs, which upstream disables for MLA ("MLA prefill takes a
+    different attn-forward path under BCG"), or its prefill diverges from upstream's own, which
+    runs eagerly there (docs/runner.md, "Sizes" and "Correctness")."""
     backend = _upstream_default(phase)
     getattr(cfg, phase).backend = backend
     rule = _UPSTREAM_PREFILL_RULES.get(backend) if phase == PREFILL else None
@@ -178,9 +178,9 @@ def flashinfer_decode_workspace_bytes(
     """Float workspace a captured FlashInfer tensor-core decode plan needs at batch `max_bs`.
 
     With CUDA graphs FlashInfer plans split-kv for the worst case: padded batch = total q tiles,
-    tmp_v + tmp_s = heads * padded * cta_tile_q * (head_dim + 1) fp32. At bs 1024 on
-    Qwen3-30B-A3B this is ~405 MB, over the 384 MB default (the measured 'Buffer overflow ...
-    batch_prefill_tmp_s' failure). 25% margin, rounded up to 64 MB.
+    tmp_v + tmp_s = heads * padded * cta_tile_q * (head_dim + 1) fp32, which at large batches
+    exceeds the 384 MB default (FlashInfer then fails with 'Buffer overflow ...
+    batch_prefill_tmp_s'). 25% margin, rounded up to 64 MB.
     """
     group = max(1, num_qo_heads // max(1, num_kv_heads))
     cta = _cta_tile_q(group, head_dim)
@@ -217,8 +217,8 @@ def _maybe_grow_flashinfer_workspace(sa, max_bs: int) -> Optional[int]:
 
 # Values the process environment had before finalize() first changed a key, so that a later
 # ServerArgs without layerwise (a second Engine in the same process, e.g. the graphs-disabled
-# reference of the GPU correctness test) gets the environment it would have had: the first H200
-# run compared layerwise against a reference whose env depended on engine order.
+# reference of the GPU correctness test) gets the environment it would have had, whatever the
+# order in which the engines were created.
 _ENV_BEFORE: dict = {}  # key -> (value before finalize changed it, value finalize set)
 _UNSET = object()
 
@@ -261,11 +261,8 @@ def finalize(sa) -> Optional[Resolution]:
             )
         return None
     logger.warning(
-        "layerwise CUDA graphs are EXPERIMENTAL in this release: on the H200 they decode 1.9-2.1x "
-        "faster than eager above the full-graph ceiling, with 55-70 us of host time per eager MoE "
-        "layer, and give the greedy tokens of upstream's own CUDA graphs prompt for prompt where "
-        "both run the same kernels (four tiny models, 4,461 prompts each); not yet run under "
-        "tensor parallelism or on real weights (docs/runner.md 5.10); phases: %s", ", ".join(phases),
+        "layerwise CUDA graphs (experimental: not yet validated under tensor parallelism or on "
+        "real weights, docs/runner.md) for %s", " and ".join(phases),
     )
     fallbacks = {}
     for phase in phases:

@@ -113,7 +113,3 @@ class RecordingGraph:
         with torch.no_grad():  # a CUDA graph replay records no autograd either
             for func, args, kwargs, out in self._tape:
                 _copy_into(out, func(*args, **kwargs))
-
-    @property
-    def num_ops(self) -> int:
-        return len(self._tape)

@@ -12,14 +12,15 @@ results match up to floating-point reassociation of fused pointwise ops.
 from __future__ import annotations
 
 import functools
-import os
 from typing import Any, Callable
+
+from .. import settings
 
 ENV = "SGLANG_SM120_DYNAMO_FREE"
 
 
 def dynamo_free() -> bool:
-    return os.environ.get(ENV, "") == "1"
+    return settings.switch(ENV)
 
 
 def compile_unless_dynamo_free(fn: Callable = None, /, **compile_kwargs: Any):

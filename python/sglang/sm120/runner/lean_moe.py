@@ -1,7 +1,7 @@
 """Lean eager MoE step for the layerwise runner: upstream's Triton MoE kernels, launched directly.
 
 Between two graph segments the MoE runs eagerly on every layer of every step, and upstream's
-path spends most of its host time outside the kernels (docs/runner.md 5.4): the dispatcher /
+path spends most of its host time outside the kernels (docs/runner.md, "Lean eager MoE"): the dispatcher /
 quant-method / runner chain, the `torch.ops.sglang` custom op, a config lookup and seven
 `torch.empty` per call, and a copy from the staging buffer to the layer's output. Here, once per
 (layer shape, batch size), the same config is looked up through upstream's own function, and
@@ -11,51 +11,40 @@ layer runs at a time, on one stream); at each step the same kernels run with the
 its torch custom-op wrapper), and the combine writes straight into the boundary's output buffer.
 
 Only the unquantized Triton path is taken, and only where it is the path upstream would take
-(`refusal` says why not, logged once per reason). On by default since the H200 run of
-2026-12-01 (session 7: bit-equal to upstream's path on real kernels, 2-3x less host time per
-layer; docs/runner.md 5.4); SGLANG_SM120_LEAN_MOE=0 turns it off. For decode and for the
-captured-attention prefill buckets up to SGLANG_SM120_LEAN_MOE_PREFILL_TOKENS (default 4096): the
-workspace grows with the rows (~290 MB at 4096 tokens, Qwen3-30B shapes).
+(`refusal` says why not, logged once per reason). On by default (its results equal upstream's
+path bit for bit, docs/runner.md, "Lean eager MoE"); SGLANG_SM120_LEAN_MOE=0 turns it off. For decode and for
+the captured-attention prefill buckets up to SGLANG_SM120_LEAN_MOE_PREFILL_TOKENS (default 4096):
+the workspace grows with the rows (intermediate activations of every row at the largest bucket).
 The boundary (ProbeSession) runs both paths on the warmup inputs of every size and keeps this
 one only where the results are torch.equal.
 """
 from __future__ import annotations
 
 import logging
-import os
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, Callable, Dict, Optional, Tuple
 
 import torch
 
-from .env import switch
+from .. import settings
 from .triton_launch import ResolvedOnce
 
 logger = logging.getLogger(__name__)
 
 ENV = "SGLANG_SM120_LEAN_MOE"
 PREFILL_CAP_ENV = "SGLANG_SM120_LEAN_MOE_PREFILL_TOKENS"
-DEFAULT_PREFILL_CAP = 4096
+DEFAULT_PREFILL_CAP = settings.setting(PREFILL_CAP_ENV).default
 
 
 def lean_moe_requested() -> bool:
     """SGLANG_SM120_LEAN_MOE: unset or 1 = on (the default), 0 = upstream's MoE path everywhere."""
-    return switch(ENV, True, on="lean eager MoE, the default", off="upstream's MoE path")
+    return settings.switch(ENV)
 
 
 def lean_prefill_cap() -> int:
     """Largest prefill bucket (tokens) given lean steps; 0 turns lean prefill off."""
-    raw = os.environ.get(PREFILL_CAP_ENV, "").strip()
-    if not raw:
-        return DEFAULT_PREFILL_CAP
-    try:
-        cap = int(raw)
-    except ValueError:
-        cap = -1
-    if cap < 0:
-        raise ValueError(f"{PREFILL_CAP_ENV}={raw!r}: expected a token count >= 0 (0 turns lean prefill off)")
-    return cap
+    return settings.integer(PREFILL_CAP_ENV)
 
 
 def _upstream():

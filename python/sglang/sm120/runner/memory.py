@@ -51,7 +51,7 @@ def held_bytes(obj) -> int:
     """Bytes of the distinct allocations the tensors inside `obj` hold (tensors in dataclasses,
     tuples, lists and dicts; a view counts its whole allocation, each allocation once). For a
     captured decode size under upstream 0.5.16 that is its one preallocated fp32 logits buffer,
-    shared by every size and outside the graph pool (measured on the H200 in session 10)."""
+    shared by every size and outside the graph pool."""
     seen: Dict[int, int] = {}
 
     def walk(x) -> None:

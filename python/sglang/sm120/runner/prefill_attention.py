@@ -3,19 +3,15 @@
 Upstream's FlashInfer backend builds its full-CUDA-graph prefill wrappers with its
 `prefill_backend`, fixed to FA2: a paged kernel whose CUDA-graph plan splits the KV and merges the
 parts (`PersistentVariableLengthMergeStates`). Eager prefill without a prefix runs the ragged FA3
-kernel on SM90 instead. On the H200 (session 8, benchmarks/results/prefill-profile-h200-2026-12-01-s8.md)
-the captured attention took 1.93 / 6.89 ms of GPU time at 1024 / 4096 tokens against eager's
-1.05 / 3.19: most of layerwise prefill's gap to upstream's `breakable`.
+kernel on SM90 instead, which is faster there than the captured FA2 plan; `auto` lets the captured
+prefill take the FA3 kernels too.
 
 SGLANG_SM120_LAYERWISE_PREFILL_ATTENTION picks the kernels those wrappers plan: `auto` (the
-default since session 9) hands FlashInfer its own `auto` rule, which takes the FA3 paged kernels
+default) hands FlashInfer its own `auto` rule, which takes the FA3 paged kernels
 on SM90 where they support the dtypes and mask (the same compiled module as the ragged FA3
 prefill) and FA2 everywhere else, SM120 included; `fa2` keeps upstream's choice; `fa3` insists
 on FA3 and is refused off SM90. Only the wrappers built while layerwise prefill captures take
-it: eager paths keep their own. Measured on the H200 (session 9,
-lab/archive/results/runner-h200-2026-12-01-s9.md): FA3 0.989x / 1.012x `breakable` at 1024 / 4096
-tokens against FA2's 1.015x / 1.051x in the same run, and the same greedy tokens as graphs
-disabled on the short-prompt cells where FA2's split-KV plan differs (docs/runner.md 5.8).
+it: eager paths keep their own (docs/runner.md, "Captured prefill attention").
 """
 from __future__ import annotations
 
@@ -23,18 +19,18 @@ import contextlib
 import logging
 from typing import Iterator, List, Optional, Tuple
 
-from .env import choice
+from .. import settings
 
 logger = logging.getLogger(__name__)
 
 ENV = "SGLANG_SM120_LAYERWISE_PREFILL_ATTENTION"
-CHOICES = ("auto", "fa2", "fa3")
-DEFAULT = "auto"
+CHOICES = settings.setting(ENV).choices
+DEFAULT = settings.setting(ENV).default
 UPSTREAM = "fa2"
 
 
 def requested() -> str:
-    return choice(ENV, CHOICES, DEFAULT, note=f"upstream's is {UPSTREAM}")
+    return settings.choice(ENV)
 
 
 def _check_device(choice: str, capability: Optional[Tuple[int, int]]) -> None:

@@ -1,21 +1,26 @@
 """Warm what the serving path JIT-compiles outside the model forward, before the traps arm.
 
-The runners' warm pass covers every captured forward. Two things run outside it on the first
-request and would JIT-compile (a compiler subprocess) after capture:
+The runners' warm pass covers every captured forward. These run outside it on the first
+requests and would JIT-compile (a compiler subprocess) after capture:
   - sampling: with sglang's default sampling backend (FlashInfer) the first non-greedy request
     builds the sampling kernels; each entry point sglang uses runs once here;
-  - the scheduler's KV-index write for extend batches (Triton `write_req_to_token_pool_triton`,
-    first H200 trap run): Triton specialises on 16-byte pointer alignment, and `out_cache_loc` is
+  - the scheduler's KV-index write for extend batches (Triton `write_req_to_token_pool_triton`):
+    Triton specialises on 16-byte pointer alignment, and `out_cache_loc` is
     a slice of the allocator's free list at any offset, so both alignments are built;
   - FlashInfer's KV-index build (Triton `create_flashinfer_kv_indices_triton`) for batches that
-    run eagerly (sizes outside the captured set; second H200 trap run): the eager path passes
+    run eagerly (sizes outside the captured set): the eager path passes
     int64 request/length tensors where the captured path's buffers may be int32, and Triton
     compiles per dtype and per None-ness of `kv_start_idx`, so every combination is built.
+  - the scheduler's paged KV allocation (page size > 1, e.g. DSA's 64): upstream's Triton
+    `alloc_extend_kernel` / `alloc_decode_kernel` take next_power_of_2(batch size) as a constexpr,
+    so each power of two up to the request limit is its own kernel, per `last_loc` dtype (an
+    int32 row of req_to_token in decode, int32 or int64 prefix indices in extend).
 Best effort: a failure is logged, never fatal (the trap would then name what still compiles).
 """
 from __future__ import annotations
 
 import logging
+import time
 
 import torch
 
@@ -98,3 +103,50 @@ def warm_flashinfer_kv_indices(model_runner) -> None:
         torch.cuda.synchronize()
     except Exception as e:  # noqa: BLE001
         logger.warning("layerwise: could not pre-build FlashInfer's KV-index kernel: %s", e)
+
+
+def paged_alloc_batch_bounds(max_running_requests: int) -> list:
+    """The powers of two the allocator kernels meet, 1 .. next_power_of_2(max_running_requests)."""
+    bounds, b = [], 1
+    while True:
+        bounds.append(b)
+        if b >= max(1, int(max_running_requests)):
+            return bounds
+        b *= 2
+
+
+def warm_paged_allocator(model_runner) -> None:
+    allocator = getattr(model_runner, "token_to_kv_pool_allocator", None)
+    page_size = int(getattr(allocator, "page_size", 1) or 1)
+    if page_size <= 1:
+        return
+    try:
+        from sglang.sm120 import upstream_api
+
+        alloc_extend_kernel = upstream_api.require("alloc_extend_kernel")
+        alloc_decode_kernel = upstream_api.require("alloc_decode_kernel")
+
+        device = model_runner.req_to_token_pool.req_to_token.device
+        row_dtype = model_runner.req_to_token_pool.req_to_token.dtype
+        tic, n = time.perf_counter(), 0
+        for bs_upper in paged_alloc_batch_bounds(model_runner.max_running_requests):
+            # one request of one fresh page, on scratch tensors: the allocator's own free list is
+            # not touched (its pointer is not specialised on, so a scratch one compiles the same)
+            free_pages = torch.arange(1, 3, dtype=torch.int64, device=device)
+            lens = torch.full((1,), page_size, dtype=torch.int64, device=device)
+            prefix = torch.zeros(1, dtype=torch.int64, device=device)
+            for last_dtype in sorted({torch.int64, row_dtype}, key=str):
+                last = torch.full((1,), -1, dtype=last_dtype, device=device)
+                out = torch.empty(page_size, dtype=torch.int64, device=device)
+                alloc_extend_kernel[(1,)](prefix, lens, last, free_pages, out, bs_upper, page_size)
+                n += 1
+            last = torch.full((1,), page_size - 1, dtype=row_dtype, device=device)
+            alloc_decode_kernel[(1,)](lens + 1, last, free_pages, torch.empty(1, dtype=torch.int64, device=device),
+                                      bs_upper, page_size)
+            n += 1
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        logger.info("layerwise: built %d paged-KV allocator kernels (page size %d) in %.1f s",
+                    n, page_size, time.perf_counter() - tic)
+    except Exception as e:  # noqa: BLE001
+        logger.warning("layerwise: could not pre-build the paged KV allocator kernels: %s", e)

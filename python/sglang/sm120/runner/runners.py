@@ -17,6 +17,7 @@ import logging
 import sys
 import time
 
+from sglang.srt.model_executor.forward_context import ForwardContext, forward_context
 from sglang.srt.model_executor.runner.decode_cuda_graph_runner import DecodeCudaGraphRunner
 from sglang.srt.model_executor.runner.prefill_cuda_graph_runner import PrefillCudaGraphRunner
 from sglang.srt.model_executor.runner_utils.capture_mode import model_capture_mode
@@ -109,6 +110,26 @@ class LayerwiseDecodeRunner(_DeferredCaptureMixin, DecodeCudaGraphRunner):
 
         self._lw_finish(run)
 
+    def capture_one_shape(self, size, forward, stream_idx=None, *args, **kwargs):
+        super().capture_one_shape(size, forward, stream_idx, *args, **kwargs)
+        if self.backend.mode == "warm":
+            self._lw_warm_replay_metadata(size, stream_idx)
+
+    def _lw_warm_replay_metadata(self, size: int, stream_idx) -> None:
+        """Run the attention backend's replay-time metadata step once at this size.
+
+        Upstream calls `init_forward_metadata_out_graph(in_capture=True)` once per size while
+        capturing and the replay variant (in_capture=False) before every replay. Backends that
+        keep per-size metadata (DSA) only build it on the capture call and run their replay
+        kernel (DSA: a Triton kernel specialised on the batch size) from the next call on: in the
+        capture pass, after the traps armed, and at the first replay of that size. Running the
+        replay variant here compiles that kernel in the warm pass."""
+        num_tokens = size * self.captured_req_width
+        bs = self._ragged_capture_slots(num_tokens) if self.ragged_verify_mode else size
+        forward_batch, attn_backend, _ = self.capture_prepare(bs, stream_idx=stream_idx, num_tokens=num_tokens)
+        with forward_context(ForwardContext(attn_backend=attn_backend)):
+            attn_backend.init_forward_metadata_out_graph(forward_batch, in_capture=False)
+
     def _lw_apply_servable(self) -> None:
         sizes = self._lw_servable()
         if sizes:
@@ -149,10 +170,10 @@ class LayerwisePrefillRunner(_DeferredCaptureMixin, PrefillCudaGraphRunner):
         # Upstream decides this from the backend *name* (breakable / full). Both layerwise
         # prefill backends subclass those and must take the same path: capture the transformer
         # body only (layer_model.forward) and run LM head + logits processor eagerly on the real
-        # batch. Without this the name 'layerwise' selected the tc_piecewise path: the LM head
-        # and logits processor were captured with the dummy batch's request slots (other GEMM
-        # shapes than eager, so other rounding: first-token flips on the H200), and every
-        # return_logprob prefill silently ran eagerly.
+        # batch. Otherwise the name 'layerwise' selects the tc_piecewise path: the LM head and
+        # logits processor would be captured with the dummy batch's request slots (other GEMM
+        # shapes than eager, so other rounding and different first tokens), and every
+        # return_logprob prefill would silently run eagerly.
         return True
 
     def _lw_warm_eager_paths(self) -> None:

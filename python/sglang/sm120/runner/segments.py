@@ -14,12 +14,13 @@ from __future__ import annotations
 import atexit
 import contextlib
 import cProfile
-import os
 import pstats
 import time
 from typing import Any, Callable, Dict, List, Optional, Protocol
 
 import torch
+
+from .. import settings
 
 
 class GraphLike(Protocol):
@@ -42,7 +43,7 @@ _step_profiler: Optional[cProfile.Profile] = None
 
 def _profiler() -> Optional[cProfile.Profile]:
     global _step_profiler
-    path = os.environ.get(PROFILE_ENV)
+    path = settings.path(PROFILE_ENV)
     if path and _step_profiler is None:
         _step_profiler = cProfile.Profile()
         atexit.register(_write_profile, _step_profiler, path)

@@ -96,9 +96,6 @@ class DecodePlan:
     def max_bs(self) -> int:
         return self.sizes[-1]
 
-    def is_full(self, size: int) -> bool:
-        return size <= self.full_max_bs
-
 
 def plan_decode(
     *,

@@ -2,9 +2,8 @@
 tensors its segment wrote, where the capture otherwise stages them into static buffers.
 
 Why: staging is one copy per token-major MoE input (hidden states, top-k weights and ids), the
-last ops of every segment; on the H200 at 4096 prefill tokens that was 144 copies and 1.19 ms of
-a 64.6 ms forward (benchmarks/results/prefill-profile-h200-2026-12-01-s8.md), while layerwise
-prefill sat 1.2% behind upstream's `breakable` there.
+last ops of every segment: three device copies per MoE layer and forward, which grow with the
+prefill tokens.
 
 Why it is safe to read the segment's own output at replay: at capture its memory belongs to the
 graph pool; once the model drops the tensor the pool may give the memory to a later capture,
@@ -15,7 +14,7 @@ their inputs, where upstream's forward may (in-place MoE), and a later segment m
 input.
 
 Why a non-owning view: holding the tensor itself would keep one hidden-state-sized block per
-layer and size alive in the pool (the leak found in session 8). The view is built from the
+layer and size alive in the pool. The view is built from the
 address, as torch's own CUDA-graph trees rebuild pool tensors
 (`torch._C._construct_storage_from_data_pointer`); the allocator never sees it.
 """
@@ -24,13 +23,13 @@ from __future__ import annotations
 import torch
 from torch.utils._python_dispatch import _disable_current_modes
 
-from .env import switch
+from .. import settings
 
 ENV = "SGLANG_SM120_LAYERWISE_ZERO_COPY"
 
 
 def requested() -> bool:
-    return switch(ENV, False, on="on", off="off, the default")
+    return settings.switch(ENV)
 
 
 def non_owning_view(t: torch.Tensor) -> torch.Tensor:

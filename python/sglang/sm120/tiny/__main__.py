@@ -1,4 +1,4 @@
-"""python -m sglang.sm120.tiny --arch {qwen3_moe,deepseek_v2} --quant {bf16,nvfp4} --out DIR"""
+"""python -m sglang.sm120.tiny --arch {qwen3_moe,deepseek_v2,glm_moe_dsa,glm4_moe} --quant {bf16,nvfp4} --out DIR"""
 from __future__ import annotations
 
 import argparse
@@ -14,11 +14,13 @@ def parse_args(argv=None) -> argparse.Namespace:
                     "tokenizer with a chat template, fully offline and deterministic from --seed.")
     ap.add_argument("--arch", required=True, choices=ARCHS,
                     help="qwen3_moe: GQA + softmax top-k MoE; deepseek_v2: MLA + DeepSeek-V3/GLM-5 "
-                         "style MoE with a shared expert")
+                         "style MoE with a shared expert; glm_moe_dsa: GLM-5 (deepseek_v2 plus the "
+                         "DSA indexer); glm4_moe: GLM-4.5 (GQA with qkv bias and partial rotary, "
+                         "sigmoid MoE with a shared expert)")
     ap.add_argument("--quant", default="bf16", choices=QUANTS)
     ap.add_argument("--out", required=True, help="output directory (created; must be empty)")
     ap.add_argument("--seed", type=int, default=0, help="weight seed (default 0)")
-    ap.add_argument("--layers", type=int, help="decoder layers (default 4 qwen3_moe, 3 deepseek_v2)")
+    ap.add_argument("--layers", type=int, help="decoder layers (default 4 qwen3_moe, 3 the others)")
     ap.add_argument("--hidden", type=int, help="hidden size, multiple of 128 (default 256)")
     ap.add_argument("--experts", type=int, help="routed experts (default 16)")
     ap.add_argument("--top-k", type=int, dest="top_k", help="experts per token (default 4)")

@@ -126,8 +126,8 @@ def build(out_dir: str, s: TinySpec, force: bool = False,
 
 @contextlib.contextmanager
 def _one_thread():
-    """The reference forward is thousands of tiny ops: one thread is ~10x faster than two on a
-    busy 2-core box, and a fixed thread count keeps fp32 reductions identical across machines."""
+    """The reference forward is thousands of tiny ops, where intra-op threading costs more than it
+    saves; and a fixed thread count keeps fp32 reductions identical across machines."""
     n = torch.get_num_threads()
     torch.set_num_threads(1)
     try:

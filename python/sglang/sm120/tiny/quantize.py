@@ -1,13 +1,17 @@
 """bf16 tiny checkpoint -> ModelOpt NVFP4 checkpoint, with this repo's quantizer (sglang.sm120.nvfp4).
 
 What is quantized (and why the rest is not):
-* quantized: every expert's gate/up/down, DeepSeek's shared expert and dense MLP, and Qwen3's
-  q/k/v/o projections -- the layers ModelOpt NVFP4 exports quantize in these families.
+* quantized: every expert's gate/up/down, the shared expert and dense MLP (DeepSeek, GLM), and
+  the q/k/v/o projections of the GQA families (Qwen3, GLM-4.5; GLM-4.5's q/k/v biases stay bf16
+  as the linear's bias) -- the layers ModelOpt NVFP4 exports quantize in these families.
 * kept bf16: ``lm_head`` (sglang quantizes ParallelLMHead unless excluded, and real exports keep
   it high precision), embeddings and norms (not linear layers), the router ``mlp.gate`` (sglang
   builds it with quant_config=None), and for MLA every ``self_attn`` projection: sglang's
   DeepSeek loader splits ``kv_b_proj`` into w_kc/w_vc from a bf16/fp8/int8 weight only (no NVFP4
   branch in post_load_weights), and NVIDIA's DeepSeek NVFP4 exports keep attention unquantized.
+  For GLM-5 (glm_moe_dsa) the same ``self_attn*`` pattern keeps the DSA indexer (wq_b, wk,
+  weights_proj, k_norm) bf16 too: sglang builds weights_proj with bf16 parameters and no quant
+  config whatever the checkpoint says, and the indexer projections are small next to the MoE.
 
 Scales:
 * Fused layers share one ``weight_scale_2`` (amax of all members / (6*448)) and one
@@ -32,7 +36,7 @@ from typing import Dict, List, Optional, Tuple
 import torch
 
 from .. import nvfp4
-from .spec import TinySpec
+from .spec import DEEPSEEK_MOE_ARCHS, GQA_ARCHS, MLA_ARCHS, TinySpec
 
 GROUP_SIZE = 16
 INPUT_AMAX_HEADROOM = 2.0
@@ -47,7 +51,7 @@ class QuantGroup:
 def exclude_modules(s: TinySpec) -> List[str]:
     """ModelOpt `exclude_modules` patterns (glob, as in NVIDIA's exports)."""
     ex = ["lm_head", "model.layers.*.mlp.gate"]
-    if s.arch == "deepseek_v2":
+    if s.arch in MLA_ARCHS:
         ex.append("model.layers.*.self_attn*")
     return ex
 
@@ -63,17 +67,17 @@ def quant_groups(s: TinySpec) -> List[QuantGroup]:
     groups: List[QuantGroup] = []
     for i in range(s.layers):
         p = f"model.layers.{i}"
-        if s.arch == "qwen3_moe":
+        if s.arch in GQA_ARCHS:
             a = f"{p}.self_attn"
             groups.append(QuantGroup((f"{a}.q_proj", f"{a}.k_proj", f"{a}.v_proj"), f"{a}.q_proj"))
             groups.append(QuantGroup((f"{a}.o_proj",), f"{a}.o_proj"))
-        if s.arch == "deepseek_v2" and i < s.dense_layers:
+        if s.arch in DEEPSEEK_MOE_ARCHS and i < s.dense_layers:
             groups += _mlp_groups(f"{p}.mlp", f"{p}.mlp.gate_proj", f"{p}.mlp.down_proj")
             continue
         for e in range(s.experts):
             groups += _mlp_groups(f"{p}.mlp.experts.{e}", f"{p}.mlp.experts.*.w13",
                                   f"{p}.mlp.experts.*.w2")
-        if s.arch == "deepseek_v2":
+        if s.arch in DEEPSEEK_MOE_ARCHS:
             sh = f"{p}.mlp.shared_experts"
             groups += _mlp_groups(sh, f"{sh}.gate_proj", f"{sh}.down_proj")
     return groups

@@ -1,7 +1,13 @@
-"""A plain fp32 PyTorch forward of both tiny families, for calibration and error estimates on CPU.
+"""A plain fp32 PyTorch forward of the tiny families, for calibration and error estimates on CPU.
 
-It follows the HF reference semantics of Qwen3-MoE and DeepSeek-V3 (the CPU test checks it
-against transformers' own implementation). Every linear layer goes through `Linears.__call__`
+It follows the HF reference semantics of Qwen3-MoE, DeepSeek-V3, GLM-5 (glm_moe_dsa) and GLM-4.5
+(glm4_moe) (the CPU test checks it against transformers' own implementation).
+GLM-5's DSA: the indexer scores every earlier key (bf16-equivalent formula of transformers'
+GlmMoeDsaIndexer: sum over indexer heads of gate * relu(q.k) * scale; the Hadamard rotation that
+sglang applies to q and k is orthogonal and leaves q.k unchanged) and attention keeps the
+index_topk best. A sequence of at most index_topk tokens keeps every earlier key, so there the
+forward is dense MLA and the indexer is skipped; sglang's FP8 indexer can only change the choice
+on longer sequences. Every linear layer goes through `Linears.__call__`
 with its module name, so callers can record activation ranges (calibration) or swap in NVFP4
 weights and activation quantization (simulation) without touching the model code.
 """
@@ -13,7 +19,7 @@ from typing import Callable, Dict, Optional
 import torch
 import torch.nn.functional as F
 
-from .spec import TinySpec
+from .spec import DEEPSEEK_MOE_ARCHS, TinySpec, rope_theta, rotary_dim
 
 EPS = 1e-6
 
@@ -75,11 +81,20 @@ def _rope(x: torch.Tensor, cos, sin, interleaved: bool) -> torch.Tensor:
     return x * cos[:, None, :] + _rotate_half(x) * sin[:, None, :]
 
 
-def _causal_attention(q, k, v, scale: float) -> torch.Tensor:
-    """q [T, H, Dq], k [T, H, Dq], v [T, H, Dv] -> [T, H*Dv]."""
+def _partial_rope(x: torch.Tensor, cos, sin) -> torch.Tensor:
+    """Neox rope on the first cos.shape[-1] dims of each head, the rest passed through."""
+    r = cos.shape[-1]
+    return torch.cat((_rope(x[..., :r], cos, sin, False), x[..., r:]), dim=-1)
+
+
+def _causal_attention(q, k, v, scale: float, keep: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """q [T, H, Dq], k [T, H, Dq], v [T, H, Dv] -> [T, H*Dv]. keep [T, T] (optional): keys each
+    query may attend to besides the causal rule (the DSA top-k)."""
     t = q.shape[0]
     scores = torch.einsum("qhd,khd->hqk", q, k) * scale
     mask = torch.ones(t, t, dtype=torch.bool).triu(1)
+    if keep is not None:
+        mask = mask | ~keep
     scores = scores.masked_fill(mask, float("-inf"))
     out = torch.einsum("hqk,khd->qhd", scores.softmax(-1), v)
     return out.reshape(t, -1)
@@ -111,13 +126,51 @@ class TinyForward:
         o = _causal_attention(q, k, v, 1.0 / math.sqrt(s.head_dim))
         return lin(f"{p}.o_proj", o)
 
+    def _glm4_attention(self, p: str, h, cos, sin):
+        s, lin = self.s, self.lin
+        t = h.shape[0]
+
+        def proj(name, heads):
+            y = lin(f"{p}.{name}", h) + self._p(f"{p}.{name}.bias").to(torch.float32)
+            return y.view(t, heads, s.head_dim)
+
+        q, k, v = proj("q_proj", s.heads), proj("k_proj", s.kv_heads), proj("v_proj", s.kv_heads)
+        q, k = _partial_rope(q, cos, sin), _partial_rope(k, cos, sin)
+        rep = s.heads // s.kv_heads
+        k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+        o = _causal_attention(q, k, v, 1.0 / math.sqrt(s.head_dim))
+        return lin(f"{p}.o_proj", o)
+
+    def _dsa_keep(self, p: str, h, qa, cos, sin) -> Optional[torch.Tensor]:
+        """[T, T] keys each query keeps (its index_topk best by the indexer score), or None when
+        every sequence position keeps all earlier keys (T <= index_topk)."""
+        s, lin = self.s, self.lin
+        t = h.shape[0]
+        if t <= s.index_topk:
+            return None
+        q = lin(f"{p}.wq_b", qa).view(t, s.index_n_heads, s.index_head_dim)
+        k = lin(f"{p}.wk", h)
+        k = F.layer_norm(k, (s.index_head_dim,), self._p(f"{p}.k_norm.weight").to(torch.float32),
+                         self._p(f"{p}.k_norm.bias").to(torch.float32), eps=EPS)
+        q = _partial_rope(q, cos, sin)
+        k = _partial_rope(k.view(t, 1, s.index_head_dim), cos, sin)[:, 0]
+        scores = torch.einsum("qhd,kd->qhk", q, k).relu() * s.index_head_dim ** -0.5
+        gates = lin(f"{p}.weights_proj", h) * s.index_n_heads ** -0.5
+        index = torch.einsum("qh,qhk->qk", gates, scores)
+        index = index.masked_fill(torch.ones(t, t, dtype=torch.bool).triu(1), float("-inf"))
+        top = index.topk(s.index_topk, dim=-1).indices
+        return torch.zeros(t, t, dtype=torch.bool).scatter_(1, top, True)
+
     def _mla_attention(self, p: str, h, cos, sin):
         s, lin = self.s, self.lin
         t = h.shape[0]
         qk = s.qk_nope_head_dim + s.qk_rope_head_dim
+        keep = None
         if s.q_lora_rank:
             qa = _rms(lin(f"{p}.q_a_proj", h), self._p(f"{p}.q_a_layernorm.weight"))
             q = lin(f"{p}.q_b_proj", qa)
+            if s.arch == "glm_moe_dsa":
+                keep = self._dsa_keep(f"{p}.indexer", h, qa, cos, sin)
         else:
             q = lin(f"{p}.q_proj", h)
         q = q.view(t, s.heads, qk)
@@ -131,7 +184,7 @@ class TinyForward:
         k_pe = _rope(k_pe.view(t, 1, s.qk_rope_head_dim), cos, sin, True).expand(-1, s.heads, -1)
         qf = torch.cat((q_nope, q_pe), dim=-1)
         kf = torch.cat((k_nope, k_pe), dim=-1)
-        o = _causal_attention(qf, kf, v, 1.0 / math.sqrt(qk))
+        o = _causal_attention(qf, kf, v, 1.0 / math.sqrt(qk), keep)
         return lin(f"{p}.o_proj", o)
 
     def _mlp(self, p: str, h):
@@ -164,7 +217,7 @@ class TinyForward:
                 continue
             y = self._mlp(f"{p}.experts.{e}", h[tok])
             out.index_add_(0, tok, y * w[tok, slot, None])
-        if self.s.arch == "deepseek_v2":
+        if self.s.arch in DEEPSEEK_MOE_ARCHS:
             out = out + self._mlp(f"{p}.shared_experts", h)
         return out
 
@@ -173,20 +226,19 @@ class TinyForward:
         s = self.s
         ids = ids.reshape(-1).long()
         pos = torch.arange(ids.numel())
-        if s.arch == "qwen3_moe":
-            cos, sin = _rope_cos_sin(pos, s.head_dim, 1000000.0)
-        else:
-            cos, sin = _rope_cos_sin(pos, s.qk_rope_head_dim, 10000.0)
+        cos, sin = _rope_cos_sin(pos, rotary_dim(s), rope_theta(s))
         x = self._p("model.embed_tokens.weight")[ids].to(torch.float32)
         for i in range(s.layers):
             p = f"model.layers.{i}"
             h = _rms(x, self._p(f"{p}.input_layernorm.weight"))
             if s.arch == "qwen3_moe":
                 x = x + self._qwen3_attention(f"{p}.self_attn", h, cos, sin)
+            elif s.arch == "glm4_moe":
+                x = x + self._glm4_attention(f"{p}.self_attn", h, cos, sin)
             else:
                 x = x + self._mla_attention(f"{p}.self_attn", h, cos, sin)
             h = _rms(x, self._p(f"{p}.post_attention_layernorm.weight"))
-            if s.arch == "deepseek_v2" and i < s.dense_layers:
+            if s.arch in DEEPSEEK_MOE_ARCHS and i < s.dense_layers:
                 x = x + self._mlp(f"{p}.mlp", h)
             else:
                 x = x + self._moe(f"{p}.mlp", h)

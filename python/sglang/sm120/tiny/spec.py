@@ -6,13 +6,26 @@ Two families, both loaded by upstream sglang 0.5.16 without changes:
 * ``deepseek_v2`` -> ``DeepseekV3ForCausalLM`` (sglang's ``models/deepseek_v2.py``): MLA attention
   with a q LoRA, DeepSeek-V3/GLM-5 style MoE (sigmoid scores, ``noaux_tc`` with an expert bias,
   one shared expert, first layer dense). This is GLM-5 without its DSA indexer.
+* ``glm_moe_dsa`` -> ``GlmMoeDsaForCausalLM`` (GLM-5; sglang's ``models/glm4_moe.py`` subclasses
+  the DeepSeek model): the ``deepseek_v2`` structure plus the DSA indexer on every layer (its own
+  q projection from the q LoRA, one shared key with LayerNorm, per-head gate weights, top-k).
+* ``glm4_moe`` -> ``Glm4MoeForCausalLM`` (GLM-4.5): GQA attention with q/k/v bias and rotary on
+  half of each head (partial_rotary_factor 0.5, neox pairing), the same sigmoid ``noaux_tc``
+  MoE with a shared expert, first layer dense.
 
 Every dimension that an NVFP4 GEMM sees is a multiple of 128: the SM90 path upstream runs NVFP4
 through Marlin (W4A16), which needs N % 64 == 0 and K % 128 == 0 (``marlin_utils.py``
 GPTQ_MARLIN_MIN_THREAD_N/K); the SM120 CUTLASS paths pad N and K to 32.
 MLA head dims are DeepSeek-V3's (kv_lora 512, rope 64, nope 128, v 128): Lk = 576 and
 qk = 192 are the head sizes sglang's Triton MLA decode/extend kernels special-case, and the only
-ones FlashInfer's MLA kernels are built for.
+ones FlashInfer's MLA kernels are built for (FlashMLA's sparse kernels, used by the DSA backend,
+need the same 576/512 latent layout).
+DSA indexer: index_head_dim 128 and index_topk 2048 are GLM-5's values and the ones the kernels
+are built for (DeepGEMM's FP8 MQA logits take head_dim 128; the fused top-k takes topk <= 2048);
+index_n_heads 32 is GLM-5's. A sequence of at most index_topk tokens selects every earlier key,
+so sparse attention equals dense attention there (the reference forward relies on it only as a
+shortcut: it applies the top-k mask when a sequence is longer). FlashMLA pads query heads to a
+multiple of 64 on SM90, so the head count must divide 64.
 """
 from __future__ import annotations
 
@@ -20,7 +33,10 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Optional
 
-ARCHS = ("qwen3_moe", "deepseek_v2")
+ARCHS = ("qwen3_moe", "deepseek_v2", "glm_moe_dsa", "glm4_moe")
+MLA_ARCHS = ("deepseek_v2", "glm_moe_dsa")          # MLA attention with a q LoRA
+GQA_ARCHS = ("qwen3_moe", "glm4_moe")               # q/k/v/o projections
+DEEPSEEK_MOE_ARCHS = ("deepseek_v2", "glm_moe_dsa", "glm4_moe")  # sigmoid noaux_tc, shared expert, dense first layers
 QUANTS = ("bf16", "nvfp4")
 GEMM_MULTIPLE = 128  # see module docstring
 MIN_VOCAB = 512      # 256 byte symbols + specials + room for merges
@@ -53,6 +69,12 @@ class TinySpec:
     qk_rope_head_dim: int = 64
     v_head_dim: int = 128
     routed_scaling_factor: float = 2.5
+    # glm_moe_dsa (DSA indexer)
+    index_n_heads: int = 32
+    index_head_dim: int = 128
+    index_topk: int = 2048
+    # glm4_moe
+    partial_rotary_factor: float = 0.5
 
     @property
     def name(self) -> str:
@@ -72,6 +94,9 @@ def default_spec(arch: str, quant: str = "bf16", seed: int = 0, **overrides) -> 
     base = dict(arch=arch, quant=quant, seed=seed)
     if arch == "qwen3_moe":
         base.update(layers=4, heads=8, kv_heads=2, head_dim=64)
+    elif arch == "glm4_moe":
+        base.update(layers=3, heads=4, kv_heads=2, head_dim=128, dense_layers=1,
+                    routed_scaling_factor=1.0)
     else:
         base.update(layers=3, heads=4, dense_layers=1)
     base.update({k: v for k, v in overrides.items() if v is not None})
@@ -99,13 +124,25 @@ def validate(s: TinySpec) -> None:
     _need(MIN_VOCAB <= s.vocab <= MAX_VOCAB, "--vocab",
           f"must be in {MIN_VOCAB}..{MAX_VOCAB}, got {s.vocab}")
     _need(s.heads >= 1, "--heads", f"must be >= 1, got {s.heads}")
-    if s.arch == "qwen3_moe":
+    if s.arch in GQA_ARCHS:
         _need(s.kv_heads >= 1 and s.heads % s.kv_heads == 0, "--heads",
               f"must be a multiple of kv_heads ({s.kv_heads}), got {s.heads}")
         _need(s.head_dim % 64 == 0, "head_dim", f"must be a multiple of 64, got {s.head_dim}")
         _need((s.heads * s.head_dim) % GEMM_MULTIPLE == 0, "--heads",
               f"heads * head_dim ({s.heads * s.head_dim}) must be a multiple of {GEMM_MULTIPLE} (o_proj K)")
-    else:
+    if s.arch == "glm4_moe":
+        rot = s.head_dim * s.partial_rotary_factor
+        _need(rot == int(rot) and int(rot) % 2 == 0, "partial_rotary_factor",
+              f"head_dim * partial_rotary_factor must be an even integer, got {rot}")
+    if s.arch == "glm_moe_dsa":
+        _need(64 % s.heads == 0, "--heads",
+              f"must divide 64 (FlashMLA pads query heads to 64 on SM90), got {s.heads}")
+        _need(s.index_head_dim == 128, "index_head_dim", f"must be 128 (DeepGEMM MQA logits), got {s.index_head_dim}")
+        _need(0 < s.index_topk <= 2048, "index_topk", f"must be in 1..2048 (DSA top-k kernels), got {s.index_topk}")
+        _need(s.index_n_heads >= 1, "index_n_heads", f"must be >= 1, got {s.index_n_heads}")
+        _need(s.index_head_dim > s.qk_rope_head_dim, "index_head_dim",
+              f"must exceed qk_rope_head_dim ({s.qk_rope_head_dim}): the indexer ropes its first dims")
+    if s.arch in DEEPSEEK_MOE_ARCHS:
         _need(0 <= s.dense_layers < s.layers, "dense_layers",
               f"must be in 0..layers-1 so at least one layer is MoE, got {s.dense_layers}")
         _need(s.dense_intermediate % GEMM_MULTIPLE == 0, "dense_intermediate",
@@ -160,30 +197,71 @@ def hf_config(s: TinySpec, special_ids: dict) -> dict:
             "output_router_logits": False,
             "router_aux_loss_coef": 0.001,
         }
+    elif s.arch == "glm4_moe":
+        cfg = {
+            "architectures": ["Glm4MoeForCausalLM"],
+            "model_type": "glm4_moe",
+            "num_key_value_heads": s.kv_heads,
+            "head_dim": s.head_dim,
+            "partial_rotary_factor": s.partial_rotary_factor,
+            "attention_bias": True,  # q/k/v carry a bias, o_proj does not (GLM-4.5)
+            "use_qk_norm": False,
+            **_deepseek_moe_keys(s),
+            "rope_theta": rope_theta(s),
+            "rope_scaling": None,
+        }
     else:
         cfg = {
-            "architectures": ["DeepseekV3ForCausalLM"],
-            "model_type": "deepseek_v3",
+            "architectures": ["DeepseekV3ForCausalLM" if s.arch == "deepseek_v2" else "GlmMoeDsaForCausalLM"],
+            "model_type": "deepseek_v3" if s.arch == "deepseek_v2" else "glm_moe_dsa",
             "num_key_value_heads": s.heads,
             "q_lora_rank": s.q_lora_rank,
             "kv_lora_rank": s.kv_lora_rank,
             "qk_nope_head_dim": s.qk_nope_head_dim,
             "qk_rope_head_dim": s.qk_rope_head_dim,
             "v_head_dim": s.v_head_dim,
-            "intermediate_size": s.dense_intermediate,
-            "first_k_dense_replace": s.dense_layers,
-            "moe_layer_freq": 1,
-            "n_routed_experts": s.experts,
-            "n_shared_experts": s.shared_experts,
-            "n_group": 1,
-            "topk_group": 1,
+            **_deepseek_moe_keys(s),
             "topk_method": "noaux_tc",
             "scoring_func": "sigmoid",
-            "routed_scaling_factor": s.routed_scaling_factor,
-            "rope_theta": 10000.0,
+            "rope_theta": rope_theta(s),
             "rope_scaling": None,
             "rope_interleave": True,
-            "num_nextn_predict_layers": 0,
         }
-    cfg.update(common)
-    return dict(sorted(cfg.items()))
+        if s.arch == "glm_moe_dsa":
+            # the indexer ropes with neox pairing (no indexer_rope_interleave key), as
+            # transformers' GlmMoeDsaIndexer does
+            cfg.update(index_n_heads=s.index_n_heads, index_head_dim=s.index_head_dim,
+                       index_topk=s.index_topk)
+    # arch keys win over the common ones (glm4_moe's attention_bias)
+    out = dict(common)
+    out.update(cfg)
+    return dict(sorted(out.items()))
+
+
+def rope_theta(s: TinySpec) -> float:
+    """The rope_theta written to config.json (the reference forward uses the same)."""
+    return {"qwen3_moe": 1000000.0, "glm4_moe": 1000000.0}.get(s.arch, 10000.0)
+
+
+def rotary_dim(s: TinySpec) -> int:
+    """Rotated dims per head: the rope part of MLA heads, half of glm4_moe's heads, all of qwen3's."""
+    if s.arch in MLA_ARCHS:
+        return s.qk_rope_head_dim
+    if s.arch == "glm4_moe":
+        return int(s.head_dim * s.partial_rotary_factor)
+    return s.head_dim
+
+
+def _deepseek_moe_keys(s: TinySpec) -> dict:
+    """MoE keys shared by the DeepSeek-style families (sigmoid noaux_tc routing, one group)."""
+    return {
+        "intermediate_size": s.dense_intermediate,
+        "first_k_dense_replace": s.dense_layers,
+        "moe_layer_freq": 1,
+        "n_routed_experts": s.experts,
+        "n_shared_experts": s.shared_experts,
+        "n_group": 1,
+        "topk_group": 1,
+        "routed_scaling_factor": s.routed_scaling_factor,
+        "num_nextn_predict_layers": 0,
+    }

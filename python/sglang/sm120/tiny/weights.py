@@ -15,7 +15,7 @@ from typing import Dict, List, Tuple
 
 import torch
 
-from .spec import TinySpec
+from .spec import DEEPSEEK_MOE_ARCHS, TinySpec
 
 RESIDUAL_GAIN = 0.7   # RMS of a block's output relative to the residual stream
 ROUTER_STD = 2.0      # std of router logits
@@ -56,12 +56,12 @@ def _mlp(d: _Draw, prefix: str, hidden: int, inter: int) -> Named:
 
 def _experts(d: _Draw, prefix: str, s: TinySpec) -> Named:
     out = [(f"{prefix}.gate.weight", d.linear(s.experts, s.hidden, ROUTER_STD))]
-    if s.arch == "deepseek_v2":
+    if s.arch in DEEPSEEK_MOE_ARCHS:
         out.append((f"{prefix}.gate.e_score_correction_bias",
                     d.normal((s.experts,), BIAS_STD, torch.float32)))
     for e in range(s.experts):
         out += _mlp(d, f"{prefix}.experts.{e}", s.hidden, s.moe_intermediate)
-    if s.arch == "deepseek_v2":
+    if s.arch in DEEPSEEK_MOE_ARCHS:
         out += _mlp(d, f"{prefix}.shared_experts", s.hidden, s.moe_intermediate * s.shared_experts)
     return out
 
@@ -75,6 +75,30 @@ def _qwen3_attention(d: _Draw, p: str, s: TinySpec) -> Named:
         (f"{p}.o_proj.weight", d.linear(s.hidden, q, RESIDUAL_GAIN)),
         (f"{p}.q_norm.weight", d.norm(s.head_dim)),
         (f"{p}.k_norm.weight", d.norm(s.head_dim)),
+    ]
+
+
+def _glm4_attention(d: _Draw, p: str, s: TinySpec) -> Named:
+    q, kv = s.heads * s.head_dim, s.kv_heads * s.head_dim
+    return [
+        (f"{p}.q_proj.weight", d.linear(q, s.hidden)),
+        (f"{p}.q_proj.bias", d.normal((q,), BIAS_STD)),
+        (f"{p}.k_proj.weight", d.linear(kv, s.hidden)),
+        (f"{p}.k_proj.bias", d.normal((kv,), BIAS_STD)),
+        (f"{p}.v_proj.weight", d.linear(kv, s.hidden)),
+        (f"{p}.v_proj.bias", d.normal((kv,), BIAS_STD)),
+        (f"{p}.o_proj.weight", d.linear(s.hidden, q, RESIDUAL_GAIN)),
+    ]
+
+
+def _dsa_indexer(d: _Draw, p: str, s: TinySpec) -> Named:
+    """GLM-5's indexer: q from the q LoRA, one shared key (LayerNorm with bias), per-head gates."""
+    return [
+        (f"{p}.wq_b.weight", d.linear(s.index_n_heads * s.index_head_dim, s.q_lora_rank)),
+        (f"{p}.wk.weight", d.linear(s.index_head_dim, s.hidden)),
+        (f"{p}.k_norm.weight", d.norm(s.index_head_dim)),
+        (f"{p}.k_norm.bias", d.normal((s.index_head_dim,), NORM_JITTER)),
+        (f"{p}.weights_proj.weight", d.linear(s.index_n_heads, s.hidden)),
     ]
 
 
@@ -96,6 +120,8 @@ def _mla_attention(d: _Draw, p: str, s: TinySpec) -> Named:
          d.linear(s.heads * (s.qk_nope_head_dim + s.v_head_dim), s.kv_lora_rank)),
         (f"{p}.o_proj.weight", d.linear(s.hidden, s.heads * s.v_head_dim, RESIDUAL_GAIN)),
     ]
+    if s.arch == "glm_moe_dsa":
+        out += _dsa_indexer(d, f"{p}.indexer", s)
     return out
 
 
@@ -109,10 +135,12 @@ def layer(d: _Draw, s: TinySpec, i: int) -> Named:
     named: Named = [(f"{p}.input_layernorm.weight", d.norm(s.hidden))]
     if s.arch == "qwen3_moe":
         named += _qwen3_attention(d, f"{p}.self_attn", s)
+    elif s.arch == "glm4_moe":
+        named += _glm4_attention(d, f"{p}.self_attn", s)
     else:
         named += _mla_attention(d, f"{p}.self_attn", s)
     named.append((f"{p}.post_attention_layernorm.weight", d.norm(s.hidden)))
-    if s.arch == "deepseek_v2" and i < s.dense_layers:
+    if s.arch in DEEPSEEK_MOE_ARCHS and i < s.dense_layers:
         named += _mlp(d, f"{p}.mlp", s.hidden, s.dense_intermediate)
     else:
         named += _experts(d, f"{p}.mlp", s)
@@ -125,7 +153,8 @@ def head(d: _Draw, s: TinySpec) -> Named:
 
 
 def init_weights(s: TinySpec) -> Dict[str, torch.Tensor]:
-    """All bf16 tensors (the DeepSeek expert bias is fp32, as in DeepSeek-V3), HF names."""
+    """All bf16 tensors (the expert score-correction bias is fp32, as in DeepSeek-V3 and GLM), HF
+    names."""
     d = _Draw(s.seed)
     named = embedding(d, s)
     for i in range(s.layers):
