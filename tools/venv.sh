@@ -31,10 +31,10 @@ echo "[setup] building the fork wheel (pip wheel . --no-deps)"
 DIST="dist/$SGLANG_SM120_BASE"
 rm -rf "$DIST"
 # pip hides a backend's output unless verbose; keep just the build's own progress lines.
-vpip wheel . --no-deps -w "$DIST" -v > .cache/pip-wheel.log 2>&1 || {
-  grep -E "^ *(\[sglang-sm120\]|\[kernels\]|error)" .cache/pip-wheel.log; tail -20 .cache/pip-wheel.log
-  echo "[setup] building the wheel failed (full log: .cache/pip-wheel.log)"; exit 1; }
-grep -E "^ *(\[sglang-sm120\]|\[kernels\])" .cache/pip-wheel.log || true
+vpip wheel . --no-deps -w "$DIST" -v > ".cache/pip-wheel-$SGLANG_SM120_BASE.log" 2>&1 || {
+  grep -E "^ *(\[sglang-sm120\]|\[kernels\]|error)" ".cache/pip-wheel-$SGLANG_SM120_BASE.log"; tail -20 ".cache/pip-wheel-$SGLANG_SM120_BASE.log"
+  echo "[setup] building the wheel failed (full log: .cache/pip-wheel-$SGLANG_SM120_BASE.log)"; exit 1; }
+grep -E "^ *(\[sglang-sm120\]|\[kernels\])" ".cache/pip-wheel-$SGLANG_SM120_BASE.log" || true
 WHEEL=$(ls "$DIST"/sglang-*.whl)
 # SGLANG_SM120_DEPS: full (the wheel and everything it requires: what users get) or cpu-test
 # (the same minus GPU kernel packages, for the CPU suite on a GPU-less box: 2 GB less disk;

@@ -3,6 +3,8 @@ sweep's summary, on synthetic rows."""
 import pytest
 import repo_scripts
 
+pytestmark = pytest.mark.base_independent
+
 
 @pytest.fixture(scope="module")
 def bench():

@@ -1,6 +1,10 @@
 """lab/decode_ops_bound.py: its model matches layout.py's decode, and its search is not vacuous."""
 from repo_scripts import load
 
+import pytest
+
+pytestmark = pytest.mark.base_independent
+
 bound = load("lab/decode_ops_bound.py")
 
 

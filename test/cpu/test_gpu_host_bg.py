@@ -3,6 +3,10 @@ import os
 import subprocess
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.base_independent
+
 REPO = Path(__file__).resolve().parents[2]
 BG = REPO / "deploy" / "bg.sh"
 

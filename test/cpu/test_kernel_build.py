@@ -14,7 +14,7 @@ CSRC = REPO / "csrc"
 sys.path.insert(0, str(REPO))
 from forkbuild import kernels as kb  # noqa: E402
 
-pytestmark = pytest.mark.nvcc
+pytestmark = [pytest.mark.nvcc, pytest.mark.base_independent]
 SMEM_LIMIT = 101_376  # SM120 per-block shared memory; kept on every arch (DESIGN.md)
 
 

@@ -6,6 +6,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.base_independent
+
 REPO = Path(__file__).resolve().parents[2]
 
 

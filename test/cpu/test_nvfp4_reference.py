@@ -6,6 +6,8 @@ import torch
 
 from sglang.sm120 import nvfp4 as F
 
+pytestmark = pytest.mark.base_independent
+
 GRID = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]
 
 

@@ -5,6 +5,8 @@ import json
 import pytest
 import repo_scripts
 
+pytestmark = pytest.mark.base_independent
+
 
 @pytest.fixture(scope="module")
 def prof():

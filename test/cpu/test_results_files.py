@@ -3,6 +3,10 @@ object, each entry {"value", "target", "met"}, so a reader sees at a glance what
 import json
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.base_independent
+
 REPO = Path(__file__).resolve().parents[2]
 
 

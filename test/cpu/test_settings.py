@@ -10,6 +10,8 @@ import pytest
 
 from sglang.sm120 import settings
 
+pytestmark = pytest.mark.base_independent
+
 REPO = Path(__file__).resolve().parents[2]
 OVERLAY = REPO / "python" / "sglang" / "sm120"
 # Built at run time so that this file itself does not mention an unregistered name.
@@ -149,7 +151,7 @@ def test_the_overlay_reads_its_variables_only_through_the_registry(tmp_path):
     assert not found, f"read SGLANG_SM120_* through sglang.sm120.settings instead: {found}"
     sample = tmp_path / "sample.py"
     sample.write_text('import os\nENV = "SGLANG_SM120_PDL"\nA = os.environ.get(ENV, "1")\n'
-                      'B = os.getenv("SGLANG_SM120_TP")\nC = os.environ["SGLANG_SM120_WHEEL"]\n'
+                      'B = os.getenv("SGLANG_SM120_TP")\nC = os.environ["SGLANG_SM120_TINY_DIR"]\n'
                       'os.environ[ENV] = "0"\nD = os.environ.get("HOME")\n')
     assert [line for line, _ in _direct_reads(sample)] == [3, 4, 5]
 

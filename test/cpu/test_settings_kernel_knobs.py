@@ -7,6 +7,8 @@ import sys
 
 import pytest
 
+pytestmark = pytest.mark.base_independent
+
 KNOBS = {"pdl": "SGLANG_SM120_PDL", "cluster": "SGLANG_SM120_W4A16_CLUSTER",
          "warps": "SGLANG_SM120_W4A16_WARPS", "kernel": "SGLANG_SM120_W4A16_KERNEL",
          "sync": "SGLANG_SM120_KERNEL_SYNC"}
