@@ -90,7 +90,7 @@ def patched_root(tmp_path_factory):
         root, names, changed = buildenv.write_patched_tree(tmp_path_factory.mktemp("patched"))
     except buildenv.UpstreamUnavailable as e:
         pytest.fail(str(e))
-    assert PATCH in names, f"{PATCH} is not in patches/series"
+    assert PATCH in names, f"{PATCH} is not in {buildenv.series_dir()}/series"
     for f in PATCHED_FILES:
         assert f in changed and "compile_unless_dynamo_free" in changed[f], f
     return root

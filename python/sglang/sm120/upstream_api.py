@@ -215,6 +215,15 @@ ANCHORS: Dict[str, Dict[str, Optional[str]]] = {
     "ModelOptNvFp4FusedMoEMethod.create_moe_runner": _both(
         "sglang.srt.layers.quantization.modelopt_quant:ModelOptNvFp4FusedMoEMethod.create_moe_runner"),
     "VocabParallelEmbedding": _both("sglang.srt.layers.vocab_parallel_embedding:VocabParallelEmbedding"),
+    # patch 0108: the DSA indexer's compiled head-gate helpers and the backend's compiled concat
+    "Indexer._project_and_scale_head_gates": _both(
+        "sglang.srt.layers.attention.dsa.dsa_indexer:Indexer._project_and_scale_head_gates"),
+    "Indexer._get_logits_head_gate": _both(
+        "sglang.srt.layers.attention.dsa.dsa_indexer:Indexer._get_logits_head_gate"),
+    "Indexer._apply_q_scale_and_softmax_scale": _both(
+        "sglang.srt.layers.attention.dsa.dsa_indexer:Indexer._apply_q_scale_and_softmax_scale"),
+    "Indexer._scale_head_gates": _both("sglang.srt.layers.attention.dsa.dsa_indexer:Indexer._scale_head_gates"),
+    "dsa_backend._compiled_cat": _both("sglang.srt.layers.attention.dsa_backend:_compiled_cat"),
 }
 
 # Why a base lacks an anchor, and what the overlay does there instead.
