@@ -7,6 +7,7 @@ that the GPU serving criteria can fail (docs/tiny-models.md).
 from __future__ import annotations
 
 import hashlib
+import inspect
 import json
 import math
 import os
@@ -322,8 +323,12 @@ def test_dsa_reference_applies_the_indexer_top_k_like_transformers(tmp_path):
     the indexer score, as transformers' GlmMoeDsa does; dense attention is then far off (so the
     check can fail), and at the default index_topk (2048) the reference is dense."""
     from transformers import AutoModelForCausalLM
+    from transformers.models.glm_moe_dsa import modeling_glm_moe_dsa as M
 
-    spec = default_spec("glm_moe_dsa", "bf16", **SMALL).replace(index_topk=8)
+    # transformers hard-codes the indexer's RoPE pairing (half-split up to 5.12, interleaved from
+    # 5.19); the model says which in indexer_rope_interleave, which the reference follows
+    interleaved = "apply_rotary_pos_emb_interleave(q_rot" in inspect.getsource(M.GlmMoeDsaIndexer.forward)
+    spec = default_spec("glm_moe_dsa", "bf16", **SMALL).replace(index_topk=8, indexer_rope_interleave=interleaved)
     d = build(str(tmp_path / "dsa"), spec, log=lambda m: None)
     ids = torch.tensor(load_reference(d)["eval"]["sequences"][0])
     assert ids.numel() > 4 * spec.index_topk

@@ -81,10 +81,11 @@ def _rope(x: torch.Tensor, cos, sin, interleaved: bool) -> torch.Tensor:
     return x * cos[:, None, :] + _rotate_half(x) * sin[:, None, :]
 
 
-def _partial_rope(x: torch.Tensor, cos, sin) -> torch.Tensor:
-    """Neox rope on the first cos.shape[-1] dims of each head, the rest passed through."""
+def _partial_rope(x: torch.Tensor, cos, sin, interleaved: bool = False) -> torch.Tensor:
+    """Rope (neox pairing unless interleaved) on the first cos.shape[-1] dims of each head, the
+    rest passed through."""
     r = cos.shape[-1]
-    return torch.cat((_rope(x[..., :r], cos, sin, False), x[..., r:]), dim=-1)
+    return torch.cat((_rope(x[..., :r], cos, sin, interleaved), x[..., r:]), dim=-1)
 
 
 def _causal_attention(q, k, v, scale: float, keep: Optional[torch.Tensor] = None) -> torch.Tensor:
@@ -152,8 +153,8 @@ class TinyForward:
         k = lin(f"{p}.wk", h)
         k = F.layer_norm(k, (s.index_head_dim,), self._p(f"{p}.k_norm.weight").to(torch.float32),
                          self._p(f"{p}.k_norm.bias").to(torch.float32), eps=EPS)
-        q = _partial_rope(q, cos, sin)
-        k = _partial_rope(k.view(t, 1, s.index_head_dim), cos, sin)[:, 0]
+        q = _partial_rope(q, cos, sin, s.indexer_rope_interleave)
+        k = _partial_rope(k.view(t, 1, s.index_head_dim), cos, sin, s.indexer_rope_interleave)[:, 0]
         scores = torch.einsum("qhd,kd->qhk", q, k).relu() * s.index_head_dim ** -0.5
         gates = lin(f"{p}.weights_proj", h) * s.index_n_heads ** -0.5
         index = torch.einsum("qh,qhk->qk", gates, scores)

@@ -73,6 +73,9 @@ class TinySpec:
     index_n_heads: int = 32
     index_head_dim: int = 128
     index_topk: int = 2048
+    # RoPE pairing of the indexer's q/k (config key indexer_rope_interleave, which SGLang reads;
+    # transformers' GlmMoeDsaIndexer hard-codes one pairing, which differs between its releases)
+    indexer_rope_interleave: bool = False
     # glm4_moe
     partial_rotary_factor: float = 0.5
 
@@ -228,10 +231,8 @@ def hf_config(s: TinySpec, special_ids: dict) -> dict:
             "rope_interleave": True,
         }
         if s.arch == "glm_moe_dsa":
-            # the indexer ropes with neox pairing (no indexer_rope_interleave key), as
-            # transformers' GlmMoeDsaIndexer does
             cfg.update(index_n_heads=s.index_n_heads, index_head_dim=s.index_head_dim,
-                       index_topk=s.index_topk)
+                       index_topk=s.index_topk, indexer_rope_interleave=s.indexer_rope_interleave)
     # arch keys win over the common ones (glm4_moe's attention_bias)
     out = dict(common)
     out.update(cfg)
