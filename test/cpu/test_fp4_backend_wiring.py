@@ -16,21 +16,13 @@ except md.PackageNotFoundError:
 
 SCRIPT = textwrap.dedent(
     """
-    import argparse, types, torch
+    import argparse, torch
     from sglang.srt.server_args import ServerArgs
     from sglang.srt.layers.quantization import fp4_utils
     from sglang.srt.layers.quantization.modelopt_quant import ModelOptFp4LinearMethod
     import sglang.sm120.fp4_linear as glue
 
-    import inspect
-
-    def init(backend):  # 0.5.16 passes ServerArgs; 0.5.23 reads the published exec.kernel bag
-        if inspect.signature(fp4_utils.initialize_fp4_gemm_config).parameters:
-            fp4_utils.initialize_fp4_gemm_config(types.SimpleNamespace(fp4_gemm_runner_backend=backend))
-        else:
-            kernel = types.SimpleNamespace(fp4_gemm_runner_backend=backend)
-            fp4_utils.get_exec = lambda: types.SimpleNamespace(kernel=kernel)
-            fp4_utils.initialize_fp4_gemm_config()
+    from sglang.sm120.fp4_backend import initialize_upstream_config as init
 
     p = argparse.ArgumentParser(); ServerArgs.add_cli_args(p)
     assert p.parse_args(["--model-path", "m", "--fp4-gemm-backend", "sm120"]).fp4_gemm_runner_backend == "sm120"

@@ -104,7 +104,7 @@ def test_checked_rows_bound_the_synthetic_weight():
 
 FALLBACK_SCRIPT = textwrap.dedent(
     """
-    import inspect, types, torch
+    import types, torch
     from sglang.srt.layers.quantization import fp4_utils
     from sglang.srt.layers.quantization.modelopt_quant import ModelOptFp4LinearMethod
     from sglang.sm120 import fp4_backend, fp4_linear, fp4_selfcheck, kernels
@@ -121,19 +121,11 @@ FALLBACK_SCRIPT = textwrap.dedent(
             m.register_parameter(name, torch.nn.Parameter(value, requires_grad=False))
         return m
 
-    def init(backend):  # 0.5.16 passes ServerArgs; 0.5.23 reads the published exec.kernel bag
-        if inspect.signature(fp4_utils.initialize_fp4_gemm_config).parameters:
-            fp4_utils.initialize_fp4_gemm_config(types.SimpleNamespace(fp4_gemm_runner_backend=backend))
-        else:
-            kernel = types.SimpleNamespace(fp4_gemm_runner_backend=backend)
-            fp4_utils.get_exec = lambda: types.SimpleNamespace(kernel=kernel)
-            fp4_utils.initialize_fp4_gemm_config()
-
     method = ModelOptFp4LinearMethod.__new__(ModelOptFp4LinearMethod)
     method.quant_mode = "w4a4"  # what 0.5.23's __init__ sets for every backend but cutedsl W4A16
     # passing check: the layer is repacked for our kernels, the backend stays sm120
     fp4_selfcheck.verify_shape = lambda n, k, dev: fp4_selfcheck.Outcome(True, n, k, n, (1,), 0.0)
-    init("sm120")
+    fp4_backend.initialize_upstream_config("sm120")
     method.process_weights_after_loading(layer())
     assert repacked == [(256, 64)] and fp4_utils.get_fp4_gemm_runner_backend().is_sm120()
 
@@ -141,7 +133,7 @@ FALLBACK_SCRIPT = textwrap.dedent(
     fp4_selfcheck.reset_for_tests()
     fp4_selfcheck.verify_shape = lambda n, k, dev: fp4_selfcheck.Outcome(
         False, n, k, n, (1,), 0.0, m=1, path="W4A16", error="injected")
-    init("sm120")
+    fp4_backend.initialize_upstream_config("sm120")
     try:
         method.process_weights_after_loading(layer())
     except ValueError as e:  # upstream's flashinfer path refuses a non-Blackwell device: it was reached

@@ -8,6 +8,7 @@ and a failure disables it here for the process, so `auto` then gives upstream's 
 from __future__ import annotations
 
 import logging
+from types import SimpleNamespace
 from typing import Optional
 
 logger = logging.getLogger(__name__)
@@ -40,3 +41,22 @@ def auto_backend_choice() -> Optional[str]:
         return None
     logger.info("NVFP4 GEMM backend: sm120 (fork kernels) on this SM120 GPU, once its self-check passes")
     return "sm120"
+
+
+def initialize_upstream_config(backend: str) -> None:
+    """Run upstream's initialize_fp4_gemm_config for `backend` ("auto", "sm120", "marlin", ...) on
+    either base: 0.5.16 takes the server args, 0.5.23 reads the published kernel config, shown
+    `backend` for the duration of the call."""
+    from sglang.sm120 import upstream_api
+    from sglang.srt.layers.quantization import fp4_utils
+
+    args = SimpleNamespace(fp4_gemm_runner_backend=backend)
+    if not upstream_api.has("fp4_utils.get_exec"):
+        fp4_utils.initialize_fp4_gemm_config(args)
+        return
+    published = fp4_utils.get_exec
+    fp4_utils.get_exec = lambda: SimpleNamespace(kernel=args)
+    try:
+        fp4_utils.initialize_fp4_gemm_config()
+    finally:
+        fp4_utils.get_exec = published

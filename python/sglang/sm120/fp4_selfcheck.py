@@ -32,7 +32,6 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
-from types import SimpleNamespace
 from typing import Callable, Optional, Sequence
 
 from sglang.sm120 import settings
@@ -147,22 +146,11 @@ def verify_shape(n: int, k: int, device, ms: Sequence[int] = CHECK_MS) -> Outcom
 
 def fall_back_to_upstream(reason: str) -> str:
     """Switch this process's NVFP4 GEMM backend to upstream's automatic choice; its name."""
-    from sglang.sm120 import fp4_backend, upstream_api
+    from sglang.sm120 import fp4_backend
     from sglang.srt.layers.quantization import fp4_utils
 
     fp4_backend.disable_sm120(reason)
-    auto = SimpleNamespace(fp4_gemm_runner_backend="auto")
-    if upstream_api.has("fp4_utils.get_exec"):
-        # upstream reads the published choice, which may name sm120: resolve 'auto' through its
-        # own code with 'auto' published for the duration of the call
-        published = fp4_utils.get_exec
-        fp4_utils.get_exec = lambda: SimpleNamespace(kernel=auto)
-        try:
-            fp4_utils.initialize_fp4_gemm_config()
-        finally:
-            fp4_utils.get_exec = published
-    else:
-        fp4_utils.initialize_fp4_gemm_config(auto)
+    fp4_backend.initialize_upstream_config("auto")
     return fp4_utils.get_fp4_gemm_runner_backend().value
 
 
