@@ -47,6 +47,11 @@
 #                -> RESULTS/alone/, RESULTS/alone-upstream-moe/                                   900 each
 #   eager-warmup bench_runner.py --diagnose-eager-warmup: where upstream's graphs-disabled
 #                warmup spends its time on a tiny MoE (stacks every 15 s)                        450
+#   glm5-launch-line  test_glm5_launch_line.py: the seed's launch line on tiny glm_moe_dsa NVFP4
+#                (batches 1/64/999, traps logging with stacks) beside upstream's defaults        1500
+#   sm120-check  python -m sglang.sm120 check --quick -> RESULTS/sm120-check-quick.{json,md}      900
+#   fp4-selfcheck  test_fp4_selfcheck_gpu.py: the sm120 backend's self-check and its fallback
+#                with a fault injected                                                           600
 # Not in the default list (a serving session of their own, ~25 min, issue 6):
 #   client-ceiling  benchmarks/client_ceiling.py: the bench_serving client alone against a synthetic
 #                1024-stream decode loop (no GPU): is the client or the server the serving limit  180
@@ -72,7 +77,7 @@ cd "$(dirname "$0")/.."
 RES=$(mkdir -p "$1" && cd "$1" && pwd); shift
 STEPS=("$@")
 [ ${#STEPS[@]} -gt 0 ] || STEPS=(correctness-full correctness-alone prefill-fa2 runner zero-copy traps kernels fp4 lean-moe prefill-profile correctness graph-memory fp4-ncu moe-profile eager-warmup)
-KNOWN="lean-moe kernels fp4 fp4-ab w4a16-timeline fp4-ncu graph-memory runner prefill-profile prefill-fa2 zero-copy moe-profile traps correctness correctness-full correctness-alone eager-warmup client-ceiling serving soak serving-diag serving-soak serving-tw4"
+KNOWN="glm5-launch-line sm120-check fp4-selfcheck lean-moe kernels fp4 fp4-ab w4a16-timeline fp4-ncu graph-memory runner prefill-profile prefill-fa2 zero-copy moe-profile traps correctness correctness-full correctness-alone eager-warmup client-ceiling serving soak serving-diag serving-soak serving-tw4"
 for s in "${STEPS[@]}"; do  # all checked before the first one starts
   case " $KNOWN " in *" $s "*) ;; *) echo "measure_all.sh: unknown step $s ($KNOWN)"; exit 2 ;; esac
 done
@@ -141,6 +146,12 @@ for s in "${STEPS[@]}"; do
     moe-profile)  # after runner: the Triton MoE kernels are compiled by then
       step moe-profile 300 "$PY" benchmarks/bench_runner.py --profile-eager-moe --timeout 280 \
         --results-dir "$RES" --workdir "$RES/moe-profile-work" ;;
+    glm5-launch-line)
+      SGLANG_SM120_RESULTS_DIR="$RES" step glm5-launch-line 1500 "$PY" -m pytest -m gpu -q -s -p no:cacheprovider \
+        test/gpu/test_glm5_launch_line.py ;;
+    sm120-check) step sm120-check 900 "$PY" -m sglang.sm120 check --quick --json "$RES/sm120-check-quick.json" ;;
+    fp4-selfcheck)
+      step fp4-selfcheck 600 "$PY" -m pytest -m gpu -q -rA -p no:cacheprovider test/gpu/test_fp4_selfcheck_gpu.py ;;
     traps)
       SGLANG_SM120_RESULTS_DIR="$RES" step traps 600 "$PY" -m pytest -m gpu -q -p no:cacheprovider \
         test/gpu/test_layerwise_traps.py -k "${TRAPS_K:-qwen3_moe}" ;;
