@@ -28,7 +28,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Callable, Dict, List, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 
 def model_attention_shapes() -> Dict[str, dict]:
@@ -50,9 +50,10 @@ def model_attention_shapes() -> Dict[str, dict]:
     }
 
 
-def module_plan(arch: str) -> List[Tuple[str, str, tuple]]:
+def module_plan(arch: str, models: Optional[List[str]] = None) -> List[Tuple[str, str, tuple]]:
     """[(why, generator, args)] without duplicates, for a FlashInfer arch such as 9.0a; a
-    generator is a function of flashinfer.jit (or of a submodule: `sampling.gen_...`)."""
+    generator is a function of flashinfer.jit (or of a submodule: `sampling.gen_...`). models:
+    only the attention of the models whose name contains one of these strings (None: all)."""
     import torch
 
     bf16, i32 = torch.bfloat16, torch.int32
@@ -62,7 +63,13 @@ def module_plan(arch: str) -> List[Tuple[str, str, tuple]]:
     def prefill(backend, qk, vo):
         return (backend, bf16, bf16, bf16, i32, qk, vo, 0, False, False, False)
 
-    for model, s in model_attention_shapes().items():
+    shapes = model_attention_shapes()
+    if models is not None:
+        unknown = [m for m in models if not any(m in name for name in shapes)]
+        if unknown:
+            raise ValueError(f"no model matches {unknown}; known: {sorted(shapes)}")
+        shapes = {name: s for name, s in shapes.items() if any(m in name for m in models)}
+    for model, s in shapes.items():
         if s["kind"] == "gqa":
             d = s["head_dim"]
             plan.append((f"{model}: paged prefill + tensor-core decode", "gen_batch_prefill_module", prefill("fa2", d, d)))
@@ -143,7 +150,7 @@ def missing_toolkit_headers(cuda_home: str, work: Path) -> Path | None:
     return work
 
 
-def build(arch: str, out: Path, log: Callable[[str], None] = print) -> dict:
+def build(arch: str, out: Path, log: Callable[[str], None] = print, models: Optional[List[str]] = None) -> dict:
     """Build every planned module for `arch` into out/<name>/<name>.so; returns the manifest."""
     if "flashinfer" in sys.modules:
         raise RuntimeError("flashinfer was imported before its target arch was set: build() must import it first")
@@ -167,7 +174,7 @@ def build(arch: str, out: Path, log: Callable[[str], None] = print) -> dict:
     import tvm_ffi
 
     manifest = {"flashinfer": flashinfer.__version__, "arch": arch, "modules": []}
-    plan = module_plan(arch)
+    plan = module_plan(arch, models)
     for i, (why, gen, args) in enumerate(plan, 1):
         spec = generator(gen)(*args)
         t = time.time()

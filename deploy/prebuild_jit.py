@@ -68,6 +68,9 @@ def main(argv=None) -> int:
                     help="sglang JIT modules (none: only --flashinfer)")
     ap.add_argument("--flashinfer", action="store_true",
                     help="also pre-build FlashInfer's attention/sampling modules into OUT/flashinfer-aot")
+    ap.add_argument("--flashinfer-models", nargs="+", metavar="NAME",
+                    help="with --flashinfer: only these models' attention (a part of the name, e.g. "
+                         "'tiny qwen3_moe'; sampling, merge and RMSNorm are always built)")
     a = ap.parse_args(argv)
     try:
         major, rest = a.arch.split(".")
@@ -89,7 +92,7 @@ def main(argv=None) -> int:
         import flashinfer_aot
 
         m = flashinfer_aot.build(a.arch, Path(a.out) / "flashinfer-aot",
-                                 log=lambda msg: print(msg, flush=True))
+                                 log=lambda msg: print(msg, flush=True), models=a.flashinfer_models)
         print(f"[prebuild_jit] FlashInfer: {len(m['modules'])} modules for {a.arch} in {time.time() - start:.0f} s",
               flush=True)
     import importlib

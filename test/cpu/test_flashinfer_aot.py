@@ -70,6 +70,19 @@ def test_gqa_below_four_adds_the_decode_module(monkeypatch):
                     "sampling.gen_sampling_module", "cascade.gen_cascade_module", "norm.gen_norm_module"]
 
 
+def test_model_filter_keeps_the_shared_modules_and_refuses_unknown_names(monkeypatch):
+    monkeypatch.setattr(fa, "model_attention_shapes", lambda: {
+        "tiny a": {"kind": "gqa", "heads": 8, "kv_heads": 2, "head_dim": 64},
+        "tiny b": {"kind": "gqa", "heads": 4, "kv_heads": 2, "head_dim": 128}})
+    only_a = fa.module_plan("9.0a", ["tiny a"])
+    assert [why for why, _, _ in only_a][:2] == ["tiny a: paged prefill + tensor-core decode", "tiny a: ragged prefill"]
+    assert all(not why.startswith("tiny b") for why, _, _ in only_a)
+    assert {g for _, g, _ in only_a} >= {"sampling.gen_sampling_module", "norm.gen_norm_module"}
+    assert fa.module_plan("9.0a", ["a", "b"]) == fa.module_plan("9.0a")
+    with pytest.raises(ValueError, match="no model matches \\['tiny c'\\]"):
+        fa.module_plan("9.0a", ["tiny c"])
+
+
 @pytest.mark.nvcc
 def test_driver_stub_links_as_libcuda_so_1(tmp_path):
     cuda_home = os.environ.get("CUDA_HOME", "/usr/local/cuda")

@@ -8,6 +8,8 @@ SGLANG_SM120_TRAPS=raise and a trap log. A mixed load follows: concurrent reques
 lengths 7..3000 (so some prefills exceed a bucket or the request slots and run eagerly), batch
 sizes up to 400, greedy and sampled (top-k/top-p/min-p) decoding. The server must stay healthy,
 every request must complete, and the trap log must stay empty.
+SGLANG_SM120_GPU_MAX_TOKENS=N caps the server's KV pool at N tokens (as in
+test_layerwise_correctness), so the test can run beside other engines on one GPU.
 """
 from __future__ import annotations
 
@@ -28,6 +30,7 @@ from tinymodels import DSA_ARCH, TP, dsa_env, dsa_flags, tiny_model, tiny_root  
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow]
 
+MAX_TOKENS = int(os.environ.get("SGLANG_SM120_GPU_MAX_TOKENS", "0")) or None
 MODELS = [("qwen3_moe", "bf16"), ("qwen3_moe", "nvfp4"), (DSA_ARCH, "bf16"), (DSA_ARCH, "nvfp4")]
 
 
@@ -111,6 +114,8 @@ def test_server_capture_and_mixed_load_under_traps(arch, quant, tiny_root, tmp_p
         "--max-running-requests", "512", "--mem-fraction-static", "0.7", "--skip-tokenizer-init",
         "--tp-size", str(TP),
     ]
+    if MAX_TOKENS:  # a capped KV pool lets this server share the GPU with the correctness grid's engines
+        cmd += ["--max-total-tokens", str(MAX_TOKENS)]
     with open(log_path, "w") as log:
         proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     base = f"http://127.0.0.1:{port}"
