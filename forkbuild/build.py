@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import tempfile
 import zipfile
 from pathlib import Path
@@ -56,12 +55,14 @@ def kernels_wanted() -> bool:
     if flag in ("0", "no", "false", "off"):
         log("building without kernels (SGLANG_SM120_KERNELS=0): CPU-only wheel")
         return False
-    nvcc = shutil.which("nvcc") or (
-        os.path.join(os.environ["CUDA_HOME"], "bin", "nvcc") if os.environ.get("CUDA_HOME") else None
-    )
-    if nvcc is None or not os.path.exists(nvcc):
+    from .kernels import find_nvcc
+
+    # the same search as the kernel build's own (a GPU host with /usr/local/cuda but no nvcc on
+    # PATH built a wheel without kernels)
+    nvcc = find_nvcc()
+    if nvcc is None:
         if flag in ("1", "yes", "true", "on"):
-            raise BuildError("SGLANG_SM120_KERNELS=1 but nvcc is not on PATH or in $CUDA_HOME/bin")
+            raise BuildError("SGLANG_SM120_KERNELS=1 but no nvcc in $CUDA_HOME/bin, /usr/local/cuda/bin or on PATH")
         log("nvcc not found: building without kernels")
         return False
     if not (REPO / "csrc").is_dir() or not (REPO / "forkbuild" / "kernels.py").is_file():

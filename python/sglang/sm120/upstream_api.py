@@ -189,6 +189,10 @@ ANCHORS: Dict[str, Dict[str, Optional[str]]] = {
     "write_req_to_token_pool_triton": _both("sglang.kernels.ops.memory.common:write_req_to_token_pool_triton"),
     "alloc_extend_kernel": _both("sglang.kernels.ops.memory.allocator:alloc_extend_kernel"),
     "alloc_decode_kernel": _both("sglang.kernels.ops.memory.allocator:alloc_decode_kernel"),
+    "dsa_get_k_and_s_triton": {
+        "0.5.16": "sglang.kernels.ops.attention.dsa.index_buf_accessor:_get_k_and_s_triton",
+        "0.5.23": None,
+    },
     "create_flashinfer_kv_indices_triton": {
         "0.5.16": "sglang.kernels.ops.kvcache.kv_indices:create_flashinfer_kv_indices_triton",
         "0.5.23": "sglang.kernels.ops.attention.kv_indices:create_flashinfer_kv_indices_triton",
@@ -228,6 +232,8 @@ ANCHORS: Dict[str, Dict[str, Optional[str]]] = {
 
 # Why a base lacks an anchor, and what the overlay does there instead.
 ABSENT: Dict[str, str] = {
+    "dsa_get_k_and_s_triton": "0.5.23 gathers the DSA indexer's keys through its key pool (index_key_cache), "
+                              "not index_buf_accessor; its prefill gather is not pre-built",
     "ServerArgs.use_mla_backend": "0.5.23 moved it to arg_groups.model_override_base.use_mla_backend(server_args)",
     "model_override_base.use_mla_backend": "0.5.16 has it as the method ServerArgs.use_mla_backend",
     "ServerArgs.get_model_config": "0.5.23 moved it to arg_groups.model_override_base.model_config_of(server_args)",

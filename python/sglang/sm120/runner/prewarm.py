@@ -150,3 +150,38 @@ def warm_paged_allocator(model_runner) -> None:
                     n, page_size, time.perf_counter() - tic)
     except Exception as e:  # noqa: BLE001
         logger.warning("layerwise: could not pre-build the paged KV allocator kernels: %s", e)
+
+
+def warm_dsa_index_gather(model_runner) -> None:
+    """The DSA indexer's prefill gather of its FP8 keys (upstream `_get_k_and_s_triton`, 0.5.16) is
+    a Triton kernel specialised on the power of two of the batch's request count and on the page
+    table's width (1, a multiple of 16, other): the first eager prefill of each kind compiled it
+    after capture (the 2026-12-04 trap run). Built here, before the traps arm, for every power of
+    two up to max_running_requests, on scratch page tables that point at page 0 of layer 0's
+    buffer (only read)."""
+    pool = getattr(model_runner, "token_to_kv_pool", None)
+    bufs = getattr(pool, "index_k_with_scale_buffer", None)
+    if not bufs:
+        return
+    from sglang.sm120 import upstream_api
+
+    if not upstream_api.has("dsa_get_k_and_s_triton"):
+        logger.info("layerwise: DSA key gather not pre-built: %s", upstream_api.ABSENT["dsa_get_k_and_s_triton"])
+        return
+    try:
+        gather = upstream_api.require("dsa_get_k_and_s_triton")
+        buf = bufs[0]
+        device = buf.device
+        tic, n = time.perf_counter(), 0
+        for seqs in paged_alloc_batch_bounds(model_runner.max_running_requests):
+            for width in (1, 16, 3):  # Triton specialises an int argument on == 1 and on % 16
+                table = torch.zeros((seqs, width), dtype=torch.int32, device=device)
+                lens = torch.ones(seqs, dtype=torch.int64, device=device)
+                gather(buf=buf, page_indices=table, seq_lens=lens, seq_len_sum=seqs, max_seq_len=1,
+                       page_size=pool.page_size, index_head_dim=pool.index_head_dim)
+                n += 1
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        logger.info("layerwise: built %d DSA key-gather kernels in %.1f s", n, time.perf_counter() - tic)
+    except Exception as e:  # noqa: BLE001
+        logger.warning("layerwise: could not pre-build the DSA key-gather kernel: %s", e)
