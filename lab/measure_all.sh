@@ -67,8 +67,9 @@
 #   serving-tw4  serving-soak with the streaming path widened the same way for every server:
 #                4 tokenizer workers (upstream's --tokenizer-worker-num) and 4 bench_serving
 #                clients, so the GPU side rather than one Python process sets the c1024 figure  2700
-# Needs the fork importable (PYTHONPATH=/tmp/site:python on the H200 host) and, for fp4, the
-# kernel library built (kernels_check.sh does it; SGLANG_SM120_KERNEL_LIB points at it).
+# Needs the fork importable (PYTHONPATH=/tmp/site:python on the H200 host) and the kernel library:
+# the installed fork's own, or the tree's once the kernels step built it there (the later steps
+# then use that one through SGLANG_SM120_KERNEL_LIB; set it yourself to use another).
 # Every step's log is RESULTS/<step>.log; the queue's own lines go to stdout with timestamps.
 # The host's copy of the tree may carry a stale .git: pass SGLANG_SM120_COMMIT=<sha> so the
 # results record the commit that was measured.
@@ -82,7 +83,7 @@ KNOWN="glm5-launch-line sm120-check fp4-selfcheck lean-moe kernels fp4 fp4-ab w4
 for s in "${STEPS[@]}"; do  # all checked before the first one starts
   case " $KNOWN " in *" $s "*) ;; *) echo "measure_all.sh: unknown step $s ($KNOWN)"; exit 2 ;; esac
 done
-export SGLANG_SM120_KERNEL_LIB="${SGLANG_SM120_KERNEL_LIB:-$PWD/python/sglang/sm120/kernels/lib}"
+TREE_LIB="$PWD/python/sglang/sm120/kernels/lib"
 PY="${PYTHON:-python3}"
 FAILED=()
 say() { echo "[measure $(date +%T)] $*"; }
@@ -101,14 +102,15 @@ for s in "${STEPS[@]}"; do
       SGLANG_SM120_RESULTS_DIR="$RES" step lean-moe 300 "$PY" -m pytest -m gpu -q -p no:cacheprovider \
         test/gpu/test_lean_moe.py -s ;;
     kernels)  # a new library replaces the one SGLANG_SM120_KERNEL_LIB points at for the later steps
-      OUT="$RES/kernels-check" BENCH_CAP=0 step kernels 600 bash lab/kernels_check.sh ;;
+      OUT="$RES/kernels-check" BENCH_CAP=0 step kernels 600 bash lab/kernels_check.sh
+      [ ! -e "$TREE_LIB/libsm120_kernels.so" ] || export SGLANG_SM120_KERNEL_LIB="$TREE_LIB" ;;
     fp4) step fp4 300 "$PY" benchmarks/bench_fp4_gemm.py --max-seconds 200 --results-dir "$RES" ;;
     fp4-ab)
       if [ -z "${FP4_AB_OLD_LIB:-}" ]; then
         say "fp4-ab: set FP4_AB_OLD_LIB to the library to compare against"; FAILED+=(fp4-ab)
       else
         OLD_ENV="${FP4_AB_OLD_ENV:-}" step fp4-ab 400 bash lab/fp4_ab.sh "$FP4_AB_OLD_LIB" \
-          "$SGLANG_SM120_KERNEL_LIB" "$RES/fp4-ab" ""
+          "${SGLANG_SM120_KERNEL_LIB:-$TREE_LIB}" "$RES/fp4-ab" ""
       fi ;;
     w4a16-timeline)
       step w4a16-timeline 120 bash -c '"${CUDA_HOME:-/usr/local/cuda}/bin/nvcc" -O3 -std=c++17 -DSM120_W4A16_TIMELINE -gencode arch=compute_90a,code=sm_90a \

@@ -221,3 +221,18 @@ def test_fp4_ab_step_times_new_old_new_on_every_shape_then_compares(tmp_path, mo
     assert [c.split("--results-dir ")[1] for c in calls[:3]] == [str(ab / r) for r in ("new1", "old", "new2")]
     assert all("--no-tune --shapes  " in c for c in calls[:3])  # "" = every shape
     assert "--base " + str(ab / "old") in calls[3]
+
+
+def test_steps_use_the_installed_library_unless_the_kernels_step_built_one(tmp_path, monkeypatch):
+    """The queue once pointed SGLANG_SM120_KERNEL_LIB at the tree's (absent) library, so the
+    installed fork's own was never found and the check failed at its env stage."""
+    monkeypatch.delenv("SGLANG_SM120_KERNEL_LIB", raising=False)
+    fake = tmp_path / "python"
+    fake.write_text('#!/bin/sh\necho "lib=${SGLANG_SM120_KERNEL_LIB:-unset}" >> "$CALLS"\necho "1 passed"\n')
+    fake.chmod(0o755)
+    env = dict(os.environ, PYTHON=str(fake), CALLS=str(tmp_path / "calls"))
+    proc = subprocess.run(["bash", str(SCRIPT), str(tmp_path / "res"), "sm120-check", "fp4"], env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    calls = (tmp_path / "calls").read_text().splitlines()
+    assert len(calls) >= 2 and set(calls) == {"lib=unset"}, calls
