@@ -189,6 +189,7 @@ ANCHORS: Dict[str, Dict[str, Optional[str]]] = {
     "write_req_to_token_pool_triton": _both("sglang.kernels.ops.memory.common:write_req_to_token_pool_triton"),
     "alloc_extend_kernel": _both("sglang.kernels.ops.memory.allocator:alloc_extend_kernel"),
     "alloc_decode_kernel": _both("sglang.kernels.ops.memory.allocator:alloc_decode_kernel"),
+    "FlashInferMLAAttnBackend": _both("sglang.srt.layers.attention.flashinfer_mla_backend:FlashInferMLAAttnBackend"),
     "dsa_get_k_and_s_triton": {
         "0.5.16": "sglang.kernels.ops.attention.dsa.index_buf_accessor:_get_k_and_s_triton",
         "0.5.23": None,

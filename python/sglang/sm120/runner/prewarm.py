@@ -15,6 +15,10 @@ requests and would JIT-compile (a compiler subprocess) after capture:
     `alloc_extend_kernel` / `alloc_decode_kernel` take next_power_of_2(batch size) as a constexpr,
     so each power of two up to the request limit is its own kernel, per `last_loc` dtype (an
     int32 row of req_to_token in decode, int32 or int64 prefix indices in extend).
+  - the DSA indexer's prefill key gather (0.5.16's Triton `_get_k_and_s_triton`): per power of
+    two of the batch's request count and per page-table width class;
+  - FlashInfer's MLA backend plans its ragged prefill (MHA over the new tokens) only on the first
+    extend, which loads (and on a host without the module, compiles: ninja) the prefill module.
 Best effort: a failure is logged, never fatal (the trap would then name what still compiles).
 """
 from __future__ import annotations
@@ -185,3 +189,30 @@ def warm_dsa_index_gather(model_runner) -> None:
         logger.info("layerwise: built %d DSA key-gather kernels in %.1f s", n, time.perf_counter() - tic)
     except Exception as e:  # noqa: BLE001
         logger.warning("layerwise: could not pre-build the DSA key-gather kernel: %s", e)
+
+
+def warm_flashinfer_mla_prefill(model_runner) -> None:
+    """Plan the FlashInfer MLA backend's ragged prefill once (one request of one token), the way
+    its indices updater does on an extend, so the module loads before the traps arm."""
+    from sglang.sm120 import upstream_api
+
+    backend = getattr(model_runner, "attn_backend", None)
+    try:
+        mla_backend = upstream_api.require("FlashInferMLAAttnBackend")
+    except Exception as e:  # noqa: BLE001
+        logger.warning("layerwise: could not check for FlashInfer's MLA backend: %s", e)
+        return
+    if not isinstance(backend, mla_backend):
+        return
+    try:
+        upd = backend.indices_updater_prefill
+        indptr = torch.tensor([0, 1], dtype=torch.int32, device=model_runner.device)
+        tic = time.perf_counter()
+        backend.prefill_wrapper_ragged.begin_forward(
+            qo_indptr=indptr, kv_indptr=indptr, num_qo_heads=upd.num_local_heads,
+            num_kv_heads=upd.num_local_heads, head_dim_qk=upd.qk_nope_head_dim + upd.qk_rope_head_dim,
+            head_dim_vo=upd.v_head_dim, q_data_type=upd.q_data_type, causal=True,
+        )
+        logger.info("layerwise: FlashInfer MLA ragged prefill planned in %.1f s", time.perf_counter() - tic)
+    except Exception as e:  # noqa: BLE001
+        logger.warning("layerwise: could not pre-load FlashInfer's MLA ragged prefill module: %s", e)

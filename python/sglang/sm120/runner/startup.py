@@ -30,14 +30,15 @@ def finish(model_runner) -> None:
     runners = _PENDING.pop(id(model_runner), [])
     if not runners:
         return
-    from .prewarm import (warm_dsa_index_gather, warm_flashinfer_kv_indices, warm_kv_index_writes,
-                          warm_paged_allocator, warm_sampling)
+    from .prewarm import (warm_dsa_index_gather, warm_flashinfer_kv_indices, warm_flashinfer_mla_prefill,
+                          warm_kv_index_writes, warm_paged_allocator, warm_sampling)
 
     warm_sampling(model_runner)
     warm_kv_index_writes(model_runner)
     warm_flashinfer_kv_indices(model_runner)
     warm_paged_allocator(model_runner)
     warm_dsa_index_gather(model_runner)
+    warm_flashinfer_mla_prefill(model_runner)
     if traps.arm_from_env("layerwise CUDA-graph capture"):
         logger.info(
             "layerwise: Dynamo/subprocess traps armed (%s)", traps.ENV_MODE
