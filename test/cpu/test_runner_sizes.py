@@ -6,7 +6,7 @@ import logging
 import pytest
 import torch
 
-from sglang.sm120.runner.layerwise import EagerFallbackLog, SizeCapturer
+from sglang.sm120.runner.layerwise import CAPTURED, FULL_FAILED, OUT_OF_MEMORY, EagerFallbackLog, SizeCapturer
 from sglang.sm120.runner.sizes import (
     LAYERWISE_DECODE_MAX_BS,
     SizeLedger,
@@ -152,10 +152,38 @@ def test_capturer_oom_drops_size_and_larger_and_continues(caplog):
 
 
 def test_capturer_drops_when_another_rank_ran_out_of_memory():
-    c, log, released = _capturer([8, 16], full_max_bs=0, agree=lambda failed: True)
+    c, log, released = _capturer([8, 16], full_max_bs=0, agree=lambda code: max(code, OUT_OF_MEMORY))
     assert c.capture(16) is None
     assert released == [16]  # this rank's graph for 16 is released too
     assert c.capture(8) is None
+
+
+def test_capturer_goes_layerwise_when_another_ranks_full_graph_failed(caplog):
+    calls = []
+
+    def agree(code):  # the other rank's full capture of 256 fails; nothing else does
+        calls.append(code)
+        return max(code, FULL_FAILED) if len(calls) == 1 else code
+
+    c, log, released = _capturer([8, 256], full_max_bs=256, agree=agree)
+    with caplog.at_level(logging.WARNING):
+        assert c.capture(256) == "layerwise"
+    assert log == [("full", 256), ("layerwise", 256)] and released == [256]  # its own full graph let go
+    assert calls == [CAPTURED, CAPTURED]  # one agreement per attempt, the same count on every rank
+    assert c.moe_capturable is False and c.fallback_reason == "full-graph capture failed on another rank"
+    assert c.capture(8) == "layerwise"
+
+
+def test_capturer_agrees_once_per_attempt_on_every_outcome():
+    codes = []
+
+    def agree(code):
+        codes.append(code)
+        return code
+
+    c, _, _ = _capturer([1, 8, 256, 512], full_max_bs=256, fail_full=(8,), oom_at=(512,), agree=agree)
+    assert [c.capture(s) for s in c.order()] == [None, "full", "layerwise", "layerwise"]
+    assert codes == [OUT_OF_MEMORY, CAPTURED, FULL_FAILED, CAPTURED, CAPTURED]
 
 
 def test_capturer_does_not_mistake_a_trap_for_an_uncapturable_moe():

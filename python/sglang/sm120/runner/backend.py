@@ -119,28 +119,33 @@ class _LayerwiseCommon:
         self._device_module.synchronize()
         self._tp_group.barrier()
 
-    def _agree(self, failed: bool) -> bool:
+    def _agree(self, code: int) -> int:
+        """The largest of every TP rank's `code` (a failure flag or SizeCapturer's outcome code),
+        over the group's CPU (gloo) group; every rank must call it the same number of times."""
         group = self._tp_group
         if getattr(group, "world_size", 1) <= 1:
-            return failed
-        flag = torch.tensor([1 if failed else 0], dtype=torch.int32)
-        torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX, group=group.cpu_group)
-        return bool(flag.item())
+            return int(code)
+        value = torch.tensor([int(code)], dtype=torch.int32)
+        torch.distributed.all_reduce(value, op=torch.distributed.ReduceOp.MAX, group=group.cpu_group)
+        return int(value.item())
 
     def _warm(self, size: int, forward_fn: Callable[[], Any], post_warmup_hook) -> None:
         t0 = time.perf_counter()
-        try:
-            for _ in range(WARM_FORWARDS):
-                self._sync_barrier()
+        failed = False
+        for _ in range(WARM_FORWARDS):
+            # every rank passes the same barriers, also one whose forward ran out of memory
+            self._sync_barrier()
+            if failed:
+                continue
+            try:
                 forward_fn()
                 if post_warmup_hook is not None:
                     post_warmup_hook()
-            failed = False
-        except Exception as e:  # noqa: BLE001
-            if not is_oom(e):
-                raise
-            failed = True
-            logger.warning("layerwise %s: out of memory warming size %d: %s", self.phase, size, e)
+            except Exception as e:  # noqa: BLE001
+                if not is_oom(e):
+                    raise
+                failed = True
+                logger.warning("layerwise %s: out of memory warming size %d: %s", self.phase, size, e)
         self.size_timings.setdefault(size, {})["warm_s"] = round(time.perf_counter() - t0, 4)
         if self._agree(failed):
             torch.cuda.empty_cache()

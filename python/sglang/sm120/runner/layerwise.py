@@ -93,6 +93,11 @@ def is_oom(exc: BaseException) -> bool:
     return isinstance(exc, RuntimeError) and "out of memory" in str(exc).lower()
 
 
+# A rank's outcome of one capture; agree() takes the largest over the ranks, so an out-of-memory
+# anywhere drops the size everywhere, and an uncapturable full graph anywhere makes it layerwise.
+CAPTURED, FULL_FAILED, OUT_OF_MEMORY = 0, 1, 2
+
+
 @dataclass
 class SizeCapturer:
     """Capture policy for one runner's sizes (call `capture(size)` largest first).
@@ -102,8 +107,10 @@ class SizeCapturer:
     capture_layerwise(size): record a segmented graph for `size` (raises on failure).
     release(size): forget the graphs of a captured size (after an OOM further down).
     after_oom(): free cached memory after an OOM.
-    agree(failed): combine a per-rank failure flag across tensor-parallel ranks (True if any
-        rank failed); identity on one rank.
+    agree(code): the largest of every tensor-parallel rank's outcome code (identity on one
+        rank); called the same number of times on every rank, so every rank captures each size
+        the same way: the same graph kind (a full graph and a layerwise one differ in where the
+        collectives run) and the same dropped sizes.
     """
 
     planned: List[int]
@@ -112,7 +119,7 @@ class SizeCapturer:
     capture_layerwise: Callable[[int], None]
     release: Callable[[int], None]
     after_oom: Callable[[], None] = lambda: None
-    agree: Callable[[bool], bool] = lambda failed: failed
+    agree: Callable[[int], int] = lambda code: code
     label: str = "layerwise"
     ledger: SizeLedger = field(init=False)
     moe_capturable: bool = True
@@ -133,40 +140,46 @@ class SizeCapturer:
         if self.ledger.is_dropped(size):
             return None
         kind = "full" if self.wants_full(size) else "layerwise"
-        failure: Optional[BaseException] = None
-        try:
-            if kind == "full":
-                try:
-                    self.capture_full(size)
-                except Exception as e:  # noqa: BLE001 - classified below
-                    if is_oom(e) or isinstance(e, TrapViolation):
-                        raise
-                    # The MoE (or something next to it) is not capturable: from here on every
-                    # size is layerwise, which is exactly what layerwise exists for.
-                    self.moe_capturable = False
-                    self.fallback_reason = f"{type(e).__name__}: {e}"
-                    logger.warning(
-                        "%s: full-graph capture of size %d failed (%s); capturing this and "
-                        "all remaining sizes layerwise",
-                        self.label, size, self.fallback_reason,
-                    )
-                    kind = "layerwise"
-                    self.capture_layerwise(size)
-            else:
-                self.capture_layerwise(size)
-        except Exception as e:  # noqa: BLE001
-            if not is_oom(e):
-                raise
-            failure = e
-        if self.agree(failure is not None):
-            if failure is None:  # this rank captured it, another rank did not
+        code, error = self._attempt(size, full=kind == "full")
+        agreed = self.agree(code)
+        if agreed == FULL_FAILED:
+            # The MoE (or something next to it) is not capturable on some rank: from here on
+            # every size is layerwise on every rank, which is exactly what layerwise exists for.
+            if code == CAPTURED:  # this rank has a full graph for `size`, another rank could not
                 self.release(size)
-            why = f"{type(failure).__name__}: {failure}" if failure else "another rank ran out of memory"
+            self.moe_capturable = False
+            self.fallback_reason = (f"{type(error).__name__}: {error}" if error is not None
+                                    else "full-graph capture failed on another rank")
+            logger.warning(
+                "%s: full-graph capture of size %d failed (%s); capturing this and "
+                "all remaining sizes layerwise",
+                self.label, size, self.fallback_reason,
+            )
+            kind = "layerwise"
+            code, error = self._attempt(size, full=False)
+            agreed = self.agree(code)
+        if agreed == OUT_OF_MEMORY:
+            if code == CAPTURED:  # this rank captured it, another rank did not
+                self.release(size)
+            why = f"{type(error).__name__}: {error}" if error is not None else "another rank ran out of memory"
             self.drop(size, why)
             return None
         self.ledger.mark_captured(size)
         self.kinds[size] = kind
         return kind
+
+    def _attempt(self, size: int, full: bool):
+        """(outcome code, the exception) of one capture on this rank; re-raises what is neither an
+        out-of-memory nor, for a full graph, an uncapturable forward (a trap, a bug)."""
+        try:
+            (self.capture_full if full else self.capture_layerwise)(size)
+            return CAPTURED, None
+        except Exception as e:  # noqa: BLE001 - classified below
+            if is_oom(e):
+                return OUT_OF_MEMORY, e
+            if full and not isinstance(e, TrapViolation):
+                return FULL_FAILED, e
+            raise
 
     def drop(self, size: int, why: str) -> None:
         """Drop `size` and every larger size (releasing captured ones); they run eagerly."""
