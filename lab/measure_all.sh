@@ -53,6 +53,11 @@
 #                3-minute target, once more on the warm caches -> RESULTS/sm120-check-quick-warm.*  900 each
 #   fp4-selfcheck  test_fp4_selfcheck_gpu.py: the sm120 backend's self-check and its fallback
 #                with a fault injected                                                           600
+#   gpu-suite    every GPU test but the layerwise correctness grid (the correctness-full step runs
+#                it, side by side, as its own processes), -k $GPU_SUITE_K if set; the KV pools are
+#                capped (SGLANG_SM120_GPU_MAX_TOKENS) so it can share the GPU with that step, but
+#                the launch line's literal --mem-fraction-static 0.7 cannot: beside the grid, pass
+#                GPU_SUITE_K="not launch_line" and run the glm5-launch-line step after it      2400
 # Not in the default list (a serving session of their own, ~25 min, issue 6):
 #   client-ceiling  benchmarks/client_ceiling.py: the bench_serving client alone against a synthetic
 #                1024-stream decode loop (no GPU): is the client or the server the serving limit  180
@@ -79,7 +84,7 @@ cd "$(dirname "$0")/.."
 RES=$(mkdir -p "$1" && cd "$1" && pwd); shift
 STEPS=("$@")
 [ ${#STEPS[@]} -gt 0 ] || STEPS=(correctness-full correctness-alone prefill-fa2 runner zero-copy traps kernels fp4 lean-moe prefill-profile correctness graph-memory fp4-ncu moe-profile eager-warmup)
-KNOWN="glm5-launch-line sm120-check fp4-selfcheck lean-moe kernels fp4 fp4-ab w4a16-timeline fp4-ncu graph-memory runner prefill-profile prefill-fa2 zero-copy moe-profile traps correctness correctness-full correctness-alone eager-warmup client-ceiling serving soak serving-diag serving-soak serving-tw4"
+KNOWN="glm5-launch-line sm120-check fp4-selfcheck gpu-suite lean-moe kernels fp4 fp4-ab w4a16-timeline fp4-ncu graph-memory runner prefill-profile prefill-fa2 zero-copy moe-profile traps correctness correctness-full correctness-alone eager-warmup client-ceiling serving soak serving-diag serving-soak serving-tw4"
 for s in "${STEPS[@]}"; do  # all checked before the first one starts
   case " $KNOWN " in *" $s "*) ;; *) echo "measure_all.sh: unknown step $s ($KNOWN)"; exit 2 ;; esac
 done
@@ -160,6 +165,10 @@ for s in "${STEPS[@]}"; do
           "$RES/sm120-check-quick.json" 2>/dev/null; then
         step sm120-check-warm 900 "$PY" -m sglang.sm120 check --quick --json "$RES/sm120-check-quick-warm.json"
       fi ;;
+    gpu-suite)
+      SGLANG_SM120_GPU_MAX_TOKENS="${SGLANG_SM120_GPU_MAX_TOKENS:-2200000}" SGLANG_SM120_RESULTS_DIR="$RES/gpu-suite" \
+        step gpu-suite 2400 "$PY" -m pytest -m gpu -q -rA -p no:cacheprovider \
+        --ignore test/gpu/test_layerwise_correctness.py ${GPU_SUITE_K:+-k "$GPU_SUITE_K"} test/gpu ;;
     fp4-selfcheck)
       step fp4-selfcheck 600 "$PY" -m pytest -m gpu -q -rA -p no:cacheprovider test/gpu/test_fp4_selfcheck_gpu.py ;;
     traps)

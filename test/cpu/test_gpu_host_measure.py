@@ -236,3 +236,12 @@ def test_steps_use_the_installed_library_unless_the_kernels_step_built_one(tmp_p
     assert proc.returncode == 0, proc.stdout + proc.stderr
     calls = (tmp_path / "calls").read_text().splitlines()
     assert len(calls) >= 2 and set(calls) == {"lib=unset"}, calls
+
+
+def test_gpu_suite_step_runs_every_gpu_test_but_the_grid(tmp_path, monkeypatch):
+    monkeypatch.setenv("GPU_SUITE_K", "glm4_moe and bf16")
+    proc, calls = run(tmp_path, "gpu-suite")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (call,) = calls
+    assert call.startswith("-m pytest -m gpu") and call.rstrip().endswith("test/gpu")
+    assert "--ignore test/gpu/test_layerwise_correctness.py" in call and "-k glm4_moe and bf16" in call
