@@ -37,7 +37,7 @@
 #                changes; a layerwise mode needs its `full` control in the same process)      1500
 #   correctness-full  the whole grid (bs {1,3,17,64,300,1024} x lengths {7,128,2000}, no
 #                SGLANG_SM120_GPU_QUICK), every mode with the control, for each of
-#                $CORRECTNESS_FULL_MODELS (default: all four tiny models) in its own pytest process,
+#                $CORRECTNESS_FULL_MODELS (default: the four tiny archs, bf16 and NVFP4) in its own pytest process,
 #                all at once on the one GPU (KV pools capped by SGLANG_SM120_GPU_MAX_TOKENS), and
 #                $CORRECTNESS_FULL_ZERO_COPY_MODELS (default qwen3_moe-bf16; set it empty for none) beside them under
 #                SGLANG_SM120_LAYERWISE_ZERO_COPY=1 -> RESULTS/full-grid/[zero-copy/]     2400 each
@@ -181,7 +181,8 @@ for s in "${STEPS[@]}"; do
     correctness-full)  # one pytest process per model, side by side on the one GPU, each KV pool capped
       mkdir -p "$RES/full-grid" "$RES/full-grid/zero-copy"
       runs=()
-      for m in ${CORRECTNESS_FULL_MODELS:-qwen3_moe-bf16 qwen3_moe-nvfp4 deepseek_v2-bf16 deepseek_v2-nvfp4}; do
+      for m in ${CORRECTNESS_FULL_MODELS:-qwen3_moe-bf16 qwen3_moe-nvfp4 deepseek_v2-bf16 deepseek_v2-nvfp4 \
+                glm_moe_dsa-bf16 glm_moe_dsa-nvfp4 glm4_moe-bf16 glm4_moe-nvfp4}; do
         runs+=("$m|$m|full-grid|")
       done
       for m in ${CORRECTNESS_FULL_ZERO_COPY_MODELS-qwen3_moe-bf16}; do

@@ -48,16 +48,16 @@ def test_serving_steps_run_only_when_named(tmp_path):
     default = tmp_path / "default"
     default.mkdir()
     proc, calls = run(default)  # no steps named: the default list, without the serving session
-    # 15 steps; correctness-full runs five processes, correctness-alone two, `kernels`
+    # 15 steps; correctness-full runs nine processes, correctness-alone two, `kernels`
     # kernels_check.sh (build, smoke, pytest: 3 calls), prefill-fa2 two
-    assert proc.returncode == 0 and len(calls) == 23
+    assert proc.returncode == 0 and len(calls) == 27
     # the whole correctness grid first (what #4 still has to show), one model alone twice, then
     # SM120's prefill plan, the runner
-    assert all("test_layerwise_correctness.py" in c and "--basetemp" in c for c in calls[:7])
-    assert calls[5].endswith("-k deepseek_v2-bf16") and calls[6].endswith("-k deepseek_v2-bf16 [lean=0]")
-    assert calls[7].startswith("benchmarks/bench_runner.py") and "--configs layerwise_fa2_prefill" in calls[7]
-    assert "test_layerwise_correctness.py" in calls[8] and calls[9].startswith("benchmarks/bench_runner.py")
-    assert "--configs layerwise_zero_copy" in calls[10]
+    assert all("test_layerwise_correctness.py" in c and "--basetemp" in c for c in calls[:11])
+    assert calls[9].endswith("-k deepseek_v2-bf16") and calls[10].endswith("-k deepseek_v2-bf16 [lean=0]")
+    assert calls[11].startswith("benchmarks/bench_runner.py") and "--configs layerwise_fa2_prefill" in calls[11]
+    assert "test_layerwise_correctness.py" in calls[12] and calls[13].startswith("benchmarks/bench_runner.py")
+    assert "--configs layerwise_zero_copy" in calls[14]
     assert not {c.split()[0] for c in calls} & {"benchmarks/bench_serving_matrix.py", "benchmarks/soak.py"}
 
 
@@ -183,10 +183,11 @@ def test_full_grid_step_runs_each_model_in_its_own_process_and_reports_each_fail
     proc, calls = run(tmp_path, "correctness-full", fail="-k qwen3_moe-nvfp4")
     assert proc.returncode == 1, proc.stdout
     runs = sorted(c.split(" -k ")[1] for c in calls)
-    assert runs == ["deepseek_v2-bf16", "deepseek_v2-nvfp4", "qwen3_moe-bf16", "qwen3_moe-bf16 [zero-copy]",
-                    "qwen3_moe-nvfp4"]  # the four models, and qwen3_moe bf16 again under zero-copy
+    assert runs == ["deepseek_v2-bf16", "deepseek_v2-nvfp4", "glm4_moe-bf16", "glm4_moe-nvfp4", "glm_moe_dsa-bf16",
+                    "glm_moe_dsa-nvfp4", "qwen3_moe-bf16", "qwen3_moe-bf16 [zero-copy]",
+                    "qwen3_moe-nvfp4"]  # the eight models, and qwen3_moe bf16 again under zero-copy
     assert all("test/gpu/test_layerwise_correctness.py" in c for c in calls)
-    assert len({c.split("--basetemp ")[1].split()[0] for c in calls}) == 5  # no shared pytest tmp dir
+    assert len({c.split("--basetemp ")[1].split()[0] for c in calls}) == 9  # no shared pytest tmp dir
     assert (tmp_path / "res" / "correctness-full-qwen3_moe-bf16-zero-copy.log").is_file()
     assert "failed steps: correctness-full-qwen3_moe-nvfp4" in proc.stdout
     assert (tmp_path / "res" / "correctness-full-deepseek_v2-bf16.log").read_text().strip() == "1 passed"
