@@ -46,13 +46,14 @@ def default_archs() -> list[str]:
 
 
 def find_nvcc() -> str | None:
-    """nvcc from CUDA_HOME, then /usr/local/cuda, then PATH."""
-    for home in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"):
-        if home:
-            cand = Path(home) / "bin" / "nvcc"
-            if cand.is_file() and os.access(cand, os.X_OK):
-                return str(cand)
-    return shutil.which("nvcc")
+    """nvcc from $CUDA_HOME (or $CUDA_PATH) when one is set, and from nowhere else then (an
+    explicit toolkit is the user's choice); otherwise /usr/local/cuda, then PATH."""
+    explicit = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
+    for home in ([explicit] if explicit else ["/usr/local/cuda"]):
+        cand = Path(home) / "bin" / "nvcc"
+        if cand.is_file() and os.access(cand, os.X_OK):
+            return str(cand)
+    return None if explicit else shutil.which("nvcc")
 
 
 def find_cuobjdump() -> str | None:

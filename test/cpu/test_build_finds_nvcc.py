@@ -28,3 +28,16 @@ def test_forced_kernels_without_any_nvcc_fail(monkeypatch, tmp_path):
         build.kernels_wanted()
     monkeypatch.setenv("SGLANG_SM120_KERNELS", "auto")
     assert not build.kernels_wanted()
+
+
+def test_an_explicit_cuda_home_without_nvcc_is_not_overridden(monkeypatch, tmp_path):
+    from forkbuild import kernels
+
+    monkeypatch.setenv("CUDA_HOME", str(tmp_path / "no-cuda"))
+    assert kernels.find_nvcc() is None
+    (tmp_path / "cuda" / "bin").mkdir(parents=True)
+    nvcc = tmp_path / "cuda" / "bin" / "nvcc"
+    nvcc.write_text("#!/bin/sh\n")
+    nvcc.chmod(0o755)
+    monkeypatch.setenv("CUDA_HOME", str(tmp_path / "cuda"))
+    assert kernels.find_nvcc() == str(nvcc)
