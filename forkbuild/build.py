@@ -57,8 +57,8 @@ def kernels_wanted() -> bool:
         return False
     from .kernels import find_nvcc
 
-    # the same search as the kernel build's own (a GPU host with /usr/local/cuda but no nvcc on
-    # PATH built a wheel without kernels)
+    # the same search as the kernel build's own: GPU hosts often have /usr/local/cuda without
+    # nvcc on PATH
     nvcc = find_nvcc()
     if nvcc is None:
         if flag in ("1", "yes", "true", "on"):

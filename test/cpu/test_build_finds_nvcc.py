@@ -1,6 +1,5 @@
-"""The wheel build looks for nvcc where the kernel build does (CUDA_HOME, /usr/local/cuda, PATH):
-a GPU host with the toolkit in /usr/local/cuda and no nvcc on PATH once built a wheel without
-kernels."""
+"""The wheel build looks for nvcc where the kernel build does (CUDA_HOME, /usr/local/cuda, PATH),
+so a GPU host with the toolkit in /usr/local/cuda and no nvcc on PATH builds the kernels."""
 import os
 from pathlib import Path
 

@@ -225,8 +225,8 @@ def test_fp4_ab_step_times_new_old_new_on_every_shape_then_compares(tmp_path, mo
 
 
 def test_steps_use_the_installed_library_unless_the_kernels_step_built_one(tmp_path, monkeypatch):
-    """The queue once pointed SGLANG_SM120_KERNEL_LIB at the tree's (absent) library, so the
-    installed fork's own was never found and the check failed at its env stage."""
+    """Pointing SGLANG_SM120_KERNEL_LIB at the tree's library when it is absent would hide the
+    installed fork's own (the check then fails at its env stage)."""
     monkeypatch.delenv("SGLANG_SM120_KERNEL_LIB", raising=False)
     fake = tmp_path / "python"
     fake.write_text('#!/bin/sh\necho "lib=${SGLANG_SM120_KERNEL_LIB:-unset}" >> "$CALLS"\necho "1 passed"\n')

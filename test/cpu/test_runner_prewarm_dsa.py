@@ -2,9 +2,9 @@
 
 Upstream's `_get_k_and_s_triton` launches a Triton kernel whose `seq_len_num_pow` (the power of two
 of the batch's request count) is a constexpr and whose page-table width is an int Triton
-specialises (== 1, % 16): on the H200 the first eager prefills after capture compiled it (ptxas
-caught by the traps, 2026-12-04). These tests run the warm step through upstream's own wrapper with
-a recording kernel on CPU tensors.
+specialises (== 1, % 16): unwarmed, the first eager prefills after capture compile it (ptxas,
+caught by the traps). These tests run the warm step through upstream's own wrapper with a
+recording kernel on CPU tensors.
 """
 from __future__ import annotations
 

@@ -2,8 +2,8 @@
 
 Upstream's FlashInfer MLA backend plans the ragged prefill (MHA over the new tokens) only on the
 first extend, and that plan loads FlashInfer's prefill module (ninja, or a compile on a host
-without it): on the H200 (2026-12-04) the first extend after capture of tiny deepseek_v2 hit the
-subprocess trap there. The warm step plans it once the way the backend's indices updater does.
+without it), after capture unless warmed. The warm step plans it once the way the backend's
+indices updater does.
 """
 from __future__ import annotations
 

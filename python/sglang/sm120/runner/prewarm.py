@@ -159,10 +159,10 @@ def warm_paged_allocator(model_runner) -> None:
 def warm_dsa_index_gather(model_runner) -> None:
     """The DSA indexer's prefill gather of its FP8 keys (upstream `_get_k_and_s_triton`, 0.5.16) is
     a Triton kernel specialised on the power of two of the batch's request count and on the page
-    table's width (1, a multiple of 16, other): the first eager prefill of each kind compiled it
-    after capture (the 2026-12-04 trap run). Built here, before the traps arm, for every power of
-    two up to max_running_requests, on scratch page tables that point at page 0 of layer 0's
-    buffer (only read)."""
+    table's width (1, a multiple of 16, other), so the first eager prefill of each kind would
+    compile it after capture. Built here, before the traps arm, for every power of two up to
+    max_running_requests, on scratch page tables that point at page 0 of layer 0's buffer (only
+    read)."""
     pool = getattr(model_runner, "token_to_kv_pool", None)
     bufs = getattr(pool, "index_k_with_scale_buffer", None)
     if not bufs:
