@@ -49,10 +49,9 @@ def find_nvcc() -> str | None:
     """nvcc from $CUDA_HOME (or $CUDA_PATH) when one is set, and from nowhere else then (an
     explicit toolkit is the user's choice); otherwise /usr/local/cuda, then PATH."""
     explicit = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
-    for home in ([explicit] if explicit else ["/usr/local/cuda"]):
-        cand = Path(home) / "bin" / "nvcc"
-        if cand.is_file() and os.access(cand, os.X_OK):
-            return str(cand)
+    cand = Path(explicit or "/usr/local/cuda") / "bin" / "nvcc"
+    if cand.is_file() and os.access(cand, os.X_OK):
+        return str(cand)
     return None if explicit else shutil.which("nvcc")
 
 

@@ -63,9 +63,9 @@ def test_page_size_one_builds_nothing(calls):
 
 
 def test_bounds():
-    assert prewarm.paged_alloc_batch_bounds(1) == [1]
-    assert prewarm.paged_alloc_batch_bounds(3) == [1, 2, 4]
-    assert prewarm.paged_alloc_batch_bounds(1024) == [1 << i for i in range(11)]
+    assert prewarm.power_of_two_bounds(1) == [1]
+    assert prewarm.power_of_two_bounds(3) == [1, 2, 4]
+    assert prewarm.power_of_two_bounds(1024) == [1 << i for i in range(11)]
 
 
 def test_upstream_kernels_take_the_batch_bound_and_page_size_as_constexpr():

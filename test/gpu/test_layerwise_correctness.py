@@ -67,7 +67,7 @@ from pathlib import Path
 from typing import Dict, List, Optional
 
 import pytest
-from tinymodels import DSA_ARCH, TP, dsa_engine_kwargs, dsa_env, tiny_model, tiny_root  # noqa: F401 (fixture)
+from tinymodels import DSA_ARCH, MAX_TOKENS, TP, dsa_engine_kwargs, dsa_env, tiny_model, tiny_root  # noqa: F401 (fixture)
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow]
 
@@ -83,7 +83,6 @@ NEAR_TIE_EPS = {"bf16": 0.25, "nvfp4": 0.5}  # nats, see the module docstring
 MAX_FLIP_FRACTION = 0.10  # of all prompts of one mode (first H200 run: 71/732 diverged)
 MAX_ABS_DELTA = {"bf16": 1.0, "nvfp4": 2.0}  # nats, chosen-token logprob on agreeing prefixes
 NOISE_SLACK, NOISE_EXTRA = 1.5, 2  # counts held to a floor (the control's, a noisy reference's): see judge
-MAX_TOKENS = int(os.environ.get("SGLANG_SM120_GPU_MAX_TOKENS", "0")) or None
 _LARGEST_BATCH_TOKENS = max(BATCH_SIZES) * (max(PROMPT_LENS) + NEW_TOKENS)
 if MAX_TOKENS is not None and MAX_TOKENS < _LARGEST_BATCH_TOKENS:
     raise ValueError(f"SGLANG_SM120_GPU_MAX_TOKENS={MAX_TOKENS} is below the {_LARGEST_BATCH_TOKENS} "

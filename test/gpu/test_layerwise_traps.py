@@ -26,11 +26,10 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from tinymodels import DSA_ARCH, TP, dsa_env, dsa_flags, tiny_model, tiny_root  # noqa: F401 (fixture)
+from tinymodels import DSA_ARCH, MAX_TOKENS, TP, dsa_env, dsa_flags, tiny_model, tiny_root  # noqa: F401 (fixture)
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow]
 
-MAX_TOKENS = int(os.environ.get("SGLANG_SM120_GPU_MAX_TOKENS", "0")) or None
 MODELS = [("qwen3_moe", "bf16"), ("qwen3_moe", "nvfp4"), (DSA_ARCH, "bf16"), (DSA_ARCH, "nvfp4")]
 
 

@@ -47,6 +47,9 @@ def dsa_engine_kwargs() -> dict:
 
 # Tensor-parallel size of the engines the layerwise GPU tests start (2 on a 2-GPU host: issue 7).
 TP = int(os.environ.get("SGLANG_SM120_TP", "1"))
+# SGLANG_SM120_GPU_MAX_TOKENS=N caps the KV pool of every engine/server the GPU tests start (so
+# several of them can share one GPU); None: sglang sizes it from --mem-fraction-static
+MAX_TOKENS = int(os.environ.get("SGLANG_SM120_GPU_MAX_TOKENS", "0")) or None
 
 
 @pytest.fixture(scope="session")

@@ -109,8 +109,9 @@ def warm_flashinfer_kv_indices(model_runner) -> None:
         logger.warning("layerwise: could not pre-build FlashInfer's KV-index kernel: %s", e)
 
 
-def paged_alloc_batch_bounds(max_running_requests: int) -> list:
-    """The powers of two the allocator kernels meet, 1 .. next_power_of_2(max_running_requests)."""
+def power_of_two_bounds(max_running_requests: int) -> list:
+    """1 .. next_power_of_2(max_running_requests): the batch bounds the paged allocator's kernels and
+    the DSA key gather specialise on."""
     bounds, b = [], 1
     while True:
         bounds.append(b)
@@ -133,7 +134,7 @@ def warm_paged_allocator(model_runner) -> None:
         device = model_runner.req_to_token_pool.req_to_token.device
         row_dtype = model_runner.req_to_token_pool.req_to_token.dtype
         tic, n = time.perf_counter(), 0
-        for bs_upper in paged_alloc_batch_bounds(model_runner.max_running_requests):
+        for bs_upper in power_of_two_bounds(model_runner.max_running_requests):
             # one request of one fresh page, on scratch tensors: the allocator's own free list is
             # not touched (its pointer is not specialised on, so a scratch one compiles the same)
             free_pages = torch.arange(1, 3, dtype=torch.int64, device=device)
@@ -177,7 +178,7 @@ def warm_dsa_index_gather(model_runner) -> None:
         buf = bufs[0]
         device = buf.device
         tic, n = time.perf_counter(), 0
-        for seqs in paged_alloc_batch_bounds(model_runner.max_running_requests):
+        for seqs in power_of_two_bounds(model_runner.max_running_requests):
             for width in (1, 16, 3):  # Triton specialises an int argument on == 1 and on % 16
                 table = torch.zeros((seqs, width), dtype=torch.int32, device=device)
                 lens = torch.ones(seqs, dtype=torch.int64, device=device)
@@ -198,13 +199,8 @@ def warm_flashinfer_mla_prefill(model_runner) -> None:
 
     backend = getattr(model_runner, "attn_backend", None)
     try:
-        mla_backend = upstream_api.require("FlashInferMLAAttnBackend")
-    except Exception as e:  # noqa: BLE001
-        logger.warning("layerwise: could not check for FlashInfer's MLA backend: %s", e)
-        return
-    if not isinstance(backend, mla_backend):
-        return
-    try:
+        if not isinstance(backend, upstream_api.require("FlashInferMLAAttnBackend")):
+            return
         upd = backend.indices_updater_prefill
         indptr = torch.tensor([0, 1], dtype=torch.int32, device=model_runner.device)
         tic = time.perf_counter()
