@@ -45,7 +45,7 @@ def test_classify_identical_flip_and_mismatch():
     ref = _gen([1, 2, 3], [-0.5, -0.7, -0.1], [{1: -0.5, 9: -3}, {2: -0.7, 4: -0.8}, {3: -0.1, 4: -4}])
     same = _gen([1, 2, 3], [-0.52, -0.7, -0.1], ref.top)
     v = C.classify(ref, same, 0.25)
-    assert v.kind == "identical" and abs(v.max_abs_delta - 0.02) < 1e-9
+    assert v.kind == "identical" and abs(v.max_abs_delta - 0.02) < 1e-9 and v.delta_position == 0
     # token 1: ref prefers 2 over 4 by 0.1 nats, the other run prefers 4 over 2 by 0.05: a tie
     flip = _gen([1, 4, 3], [-0.5, -0.74, -0.1], [{1: -0.5}, {4: -0.74, 2: -0.79}, {3: -0.1}])
     v = C.classify(ref, flip, 0.25)
@@ -74,6 +74,17 @@ def test_compare_groups_pairs_by_group_and_request_and_labels_both():
         C.compare_groups(groups, reference, [[ref_a], [ref_a], [ref_a]], 0.25)
     table = C.render_table("t", {"disabled-repeat": cells, "layerwise": cells})
     assert "    1     7 layerwise             1      0     1" in table
+
+
+def test_cells_and_totals_name_where_the_largest_delta_was():
+    ref = _gen([1, 2], [-0.5, -0.7], [{1: -0.5}, {2: -0.7}])
+    near = _gen([1, 2], [-0.6, -0.7], ref.top)  # 0.1 at token 0
+    far = _gen([1, 2], [-0.5, -1.2], ref.top)  # 0.5 at token 1
+    groups = [(1, 7, [[0]]), (1, 7, [[0]]), (1, 128, [[0]])]
+    cells = C.compare_groups(groups, [[ref], [ref], [ref]], [[near], [far], [near]], 0.25)
+    assert cells[(1, 7)].max_abs_delta_at == "group=1 bs=1 len=7 req=0 token 1"
+    assert cells[(1, 128)].max_abs_delta_at == "group=2 bs=1 len=128 req=0 token 0"
+    assert C.totals(cells).max_abs_delta_at == "group=1 bs=1 len=7 req=0 token 1"
 
 
 def test_mode_kwargs_control_and_layerwise():

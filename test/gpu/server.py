@@ -63,9 +63,17 @@ TINY_MODELS = ["qwen3_moe-bf16", "qwen3_moe-nvfp4", "deepseek_v2-bf16", "deepsee
 EXTRA_SERVER_ARGS = {"-nvfp4": ["--enable-deterministic-inference"]}
 
 
+# Beside other GPU jobs (tinymodels.MAX_TOKENS set): sglang sizes the KV pool from the memory
+# still free minus (1 - fraction) x the GPU's total, so 0.15 would need 85% of the GPU free; a
+# high fraction with the pool capped at the same 65536 tokens starts while others hold memory.
+SHARED_GPU_MEM_FRACTION = "0.7"
+
+
 def server_args(model: str = "") -> List[str]:
     raw = os.environ.get(ENV_SERVER_ARGS)
     base = shlex.split(raw) if raw is not None else list(DEFAULT_SERVER_ARGS)
+    if raw is None and tinymodels.MAX_TOKENS:
+        base[base.index("--mem-fraction-static") + 1] = SHARED_GPU_MEM_FRACTION
     extra = [a for suffix, more in EXTRA_SERVER_ARGS.items() if model.endswith(suffix) for a in more]
     if model.startswith(tinymodels.DSA_ARCH + "-"):
         # sglang refuses --enable-deterministic-inference for DeepSeek-family models unless the

@@ -153,6 +153,7 @@ class Verdict:
     position: Optional[int] = None
     gap: Optional[float] = None  # max of the two runs' gaps between the candidates at position
     max_abs_delta: float = 0.0
+    delta_position: Optional[int] = None  # the agreeing position where max_abs_delta was reached
 
 
 def _gap(top: Dict[int, float], chosen: int, other: int) -> float:
@@ -166,17 +167,19 @@ def _gap(top: Dict[int, float], chosen: int, other: int) -> float:
 
 
 def classify(ref: Gen, got: Gen, eps: float) -> Verdict:
-    delta = 0.0
+    delta, at = 0.0, None
     for t, (a, b) in enumerate(zip(ref.tokens, got.tokens)):
         if a == b:
-            delta = max(delta, abs(ref.logprobs[t] - got.logprobs[t]))
+            d = abs(ref.logprobs[t] - got.logprobs[t])
+            if d > delta:
+                delta, at = d, t
             continue
         gap = max(_gap(ref.top[t], a, b), _gap(got.top[t], b, a))
         kind = "flip" if gap <= eps else "mismatch"
-        return Verdict(kind, t, gap, delta)
+        return Verdict(kind, t, gap, delta, at)
     if len(ref.tokens) != len(got.tokens):
-        return Verdict("mismatch", min(len(ref.tokens), len(got.tokens)), None, delta)
-    return Verdict("identical", None, None, delta)
+        return Verdict("mismatch", min(len(ref.tokens), len(got.tokens)), None, delta, at)
+    return Verdict("identical", None, None, delta, at)
 
 
 @dataclass
@@ -185,11 +188,14 @@ class Cell:
     flips: int = 0
     mismatches: int = 0
     max_abs_delta: float = 0.0
+    max_abs_delta_at: Optional[str] = None  # which prompt and token position reached it
     examples: List[str] = field(default_factory=list)
     mismatch_labels: List[str] = field(default_factory=list)
 
     def add(self, v: Verdict, label: str) -> None:
-        self.max_abs_delta = max(self.max_abs_delta, v.max_abs_delta)
+        if v.max_abs_delta > self.max_abs_delta:
+            self.max_abs_delta = v.max_abs_delta
+            self.max_abs_delta_at = f"{label} token {v.delta_position}"
         if v.kind == "identical":
             self.identical += 1
             return
@@ -312,7 +318,8 @@ def totals(cells: Dict[tuple, Cell]) -> Cell:
         out.flips += c.flips
         out.mismatches += c.mismatches
         out.mismatch_labels += c.mismatch_labels
-        out.max_abs_delta = max(out.max_abs_delta, c.max_abs_delta)
+        if c.max_abs_delta > out.max_abs_delta:
+            out.max_abs_delta, out.max_abs_delta_at = c.max_abs_delta, c.max_abs_delta_at
         out.examples += c.examples
     return out
 
