@@ -4,15 +4,15 @@
 # Phase A, side by side (KV pools capped): the whole layerwise grid of all eight tiny models
 # (base 0.5.16 after the two-base restructuring); glm4_moe bf16's grid with the captured prefill
 # attention on FA2 (upstream's plan, SM120's); deepseek_v2 bf16's quick grid (control + layerwise)
-# twice as an A/B on the layerwise-mode divergence at bs 1/3: without the warm pass's replay-metadata
-# step (lab/variants/no_warm_replay_metadata) and with upstream's MoE path (SGLANG_SM120_LEAN_MOE=0);
-# the kernel and lean-MoE GPU tests.
+# three times as an A/B on the layerwise-mode divergence at bs 1/3 (lab/variants/sitecustomize.py):
+# without the warm pass's replay-metadata step, without the overlap scheduler, and with upstream's
+# MoE path (SGLANG_SM120_LEAN_MOE=0); the kernel and lean-MoE GPU tests.
 # Phase B: the serving suite beside the trap tests (four models), then the two tests that time a
 # self-check (< 1 s) alone.
 export SGLANG_SM120_COMMIT="${SGLANG_SM120_COMMIT:?the commit measured}" PYTHONPATH=/tmp/site TVM_FFI_CACHE_DIR=/tmp/jitcache PYTHONUNBUFFERED=1 SGLANG_SM120_TINY_DIR=/tmp/sm120-tiny  # the grid step builds every model there first
 R=/tmp/res
 cd /tmp/work
-mkdir -p $R/fa2 $R/v-no-warm-meta $R/v-upstream-moe
+mkdir -p $R/fa2 $R/v-no-warm-meta $R/v-no-overlap $R/v-upstream-moe
 say() { echo "[queue $(date +%T)] $*"; }
 grid() {  # grid LABEL KEYWORDS ENV... : one pytest process of the grid, results in $R/LABEL
   local label=$1 k=$2; shift 2
@@ -25,9 +25,11 @@ CORRECTNESS_FULL_ZERO_COPY_MODELS= CORRECTNESS_FULL_STAGGER_S=8 bash lab/measure
 sleep 70
 grid fa2 glm4_moe-bf16 SGLANG_SM120_LAYERWISE_PREFILL_ATTENTION=fa2 SGLANG_SM120_GPU_MAX_TOKENS=2200000 &
 sleep 8
-grid v-no-warm-meta "deepseek_v2-bf16 and not every_size" SGLANG_SM120_GPU_QUICK=1 SGLANG_SM120_GPU_MAX_TOKENS=700000 \
-  PYTHONPATH=/tmp/work/lab/variants/no_warm_replay_metadata:/tmp/site &
-sleep 8
+for v in no-warm-meta:no-warm-replay-metadata no-overlap:no-overlap-schedule; do
+  grid v-${v%%:*} "deepseek_v2-bf16 and not every_size" SGLANG_SM120_GPU_QUICK=1 SGLANG_SM120_GPU_MAX_TOKENS=700000 \
+    SGLANG_SM120_LAB_VARIANT=${v#*:} PYTHONPATH=/tmp/work/lab/variants:/tmp/site &
+  sleep 8
+done
 grid v-upstream-moe "deepseek_v2-bf16 and not every_size" SGLANG_SM120_GPU_QUICK=1 SGLANG_SM120_GPU_MAX_TOKENS=700000 \
   SGLANG_SM120_LEAN_MOE=0 &
 sleep 8

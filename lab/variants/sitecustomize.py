@@ -1,0 +1,75 @@
+"""A/B variants for GPU runs, applied in every process that starts with this folder first on
+PYTHONPATH (sglang's scheduler subprocesses inherit it); the installed fork is untouched.
+
+    SGLANG_SM120_LAB_VARIANT=NAME PYTHONPATH=lab/variants:/tmp/site python3 -m pytest ...
+
+NAME (one or more, comma-separated):
+  no-warm-replay-metadata  the layerwise decode warm pass without its replay-time attention-
+                           metadata step (LayerwiseDecodeRunner._lw_warm_replay_metadata: no-op)
+  no-overlap-schedule      every ServerArgs with disable_overlap_schedule=True (the scheduler
+                           prepares batch N+1 only after batch N's forward)
+Each patch is applied right after its module's first import and says so on stderr.
+"""
+import importlib.abc
+import importlib.util
+import os
+import sys
+
+VARIANTS = [v for v in os.environ.get("SGLANG_SM120_LAB_VARIANT", "").split(",") if v]
+
+
+def _no_warm_replay_metadata(module):
+    module.LayerwiseDecodeRunner._lw_warm_replay_metadata = lambda self, size, stream_idx: None
+
+
+def _no_overlap_schedule(module):
+    original = module.ServerArgs.__post_init__
+
+    def post_init(self, *args, **kwargs):
+        self.disable_overlap_schedule = True
+        return original(self, *args, **kwargs)
+
+    module.ServerArgs.__post_init__ = post_init
+
+
+PATCHES = {
+    "no-warm-replay-metadata": ("sglang.sm120.runner.runners", _no_warm_replay_metadata),
+    "no-overlap-schedule": ("sglang.srt.server_args", _no_overlap_schedule),
+}
+
+
+class _PatchAfterImport(importlib.abc.MetaPathFinder):
+    def __init__(self, patches):
+        self.pending = dict(patches)  # module name -> [(variant, patch)]
+
+    def find_spec(self, name, path, target=None):
+        todo = self.pending.pop(name, None)
+        if todo is None:
+            return None
+        sys.meta_path.remove(self)
+        try:
+            spec = importlib.util.find_spec(name)
+        finally:
+            if self.pending:
+                sys.meta_path.insert(0, self)
+        load = spec.loader.exec_module
+
+        def exec_module(module):
+            load(module)
+            for variant, patch in todo:
+                patch(module)
+                print(f"[lab variant] {variant}: {name} patched (pid {os.getpid()})", file=sys.stderr, flush=True)
+
+        spec.loader.exec_module = exec_module
+        return spec
+
+
+unknown = [v for v in VARIANTS if v not in PATCHES]
+if unknown:
+    raise SystemExit(f"SGLANG_SM120_LAB_VARIANT: unknown {unknown}; known: {sorted(PATCHES)}")
+if VARIANTS:
+    by_module = {}
+    for v in VARIANTS:
+        mod, patch = PATCHES[v]
+        by_module.setdefault(mod, []).append((v, patch))
+    sys.meta_path.insert(0, _PatchAfterImport(by_module))
