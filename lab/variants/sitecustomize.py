@@ -8,6 +8,8 @@ NAME (one or more, comma-separated):
                            metadata step (LayerwiseDecodeRunner._lw_warm_replay_metadata: no-op)
   no-overlap-schedule      every ServerArgs with disable_overlap_schedule=True (the scheduler
                            prepares batch N+1 only after batch N's forward)
+  no-pinned-plan-wait      patch 0303 undone: FlashInfer MLA fast plans overwrite their pinned
+                           buffer without waiting for the previous copy
 Each patch is applied right after its module's first import and says so on stderr.
 """
 import importlib.abc
@@ -32,9 +34,14 @@ def _no_overlap_schedule(module):
     module.ServerArgs.__post_init__ = post_init
 
 
+def _no_pinned_plan_wait(module):
+    module.wait_for_plan_copy = lambda wrapper: None
+
+
 PATCHES = {
     "no-warm-replay-metadata": ("sglang.sm120.runner.runners", _no_warm_replay_metadata),
     "no-overlap-schedule": ("sglang.srt.server_args", _no_overlap_schedule),
+    "no-pinned-plan-wait": ("sglang.sm120.pinned_plan", _no_pinned_plan_wait),
 }
 
 

@@ -108,6 +108,7 @@ def test_lean_equals_upstream_and_host_time(lean_env, phase):
                    "upstream_us includes one staging copy (what the boundary's upstream step pays)"}
     out_dir = os.environ.get("SGLANG_SM120_RESULTS_DIR")
     if out_dir:
+        os.makedirs(out_dir, exist_ok=True)
         with open(os.path.join(out_dir, f"lean-moe-host-{phase}.json"), "w") as f:
             json.dump(doc, f, indent=1)
     assert faster, rows_out
