@@ -238,6 +238,9 @@ SETTINGS: Tuple[Setting, ...] = (
        "Cache folder of the generated tiny models (default: a pytest temporary folder)."),
     _s("TEST_PARALLEL", "switch", True, "test",
        "GPU tests start their servers at the same time; 0 starts them one at a time."),
+    _s("LAB_VARIANT", "str", None, "test",
+       "A/B patches applied in every process of a GPU run that has lab/variants first on PYTHONPATH "
+       "(comma-separated names, listed in lab/variants/sitecustomize.py)."),
     _s("TEST_SERVER_ARGS", "str", None, "test",
        "Replaces the GPU test server's argument list (shell syntax)."),
     _s("TEST_DSA_ARGS", "str", None, "test",
