@@ -42,7 +42,8 @@
 #                $CORRECTNESS_FULL_ZERO_COPY_MODELS (default qwen3_moe-bf16; set it empty for none) beside them under
 #                SGLANG_SM120_LAYERWISE_ZERO_COPY=1 -> RESULTS/full-grid/[zero-copy/]     2400 each
 #   correctness-alone  the whole grid of $CORRECTNESS_ALONE_K (default deepseek_v2-bf16) with
-#                nothing else on the GPU (is a divergence timing-dependent?), then again with upstream's MoE path (SGLANG_SM120_LEAN_MOE=0)
+#                nothing else on the GPU (is a divergence timing-dependent?), then again with
+#                upstream's MoE path (SGLANG_SM120_LEAN_MOE=0)
 #                -> RESULTS/alone/, RESULTS/alone-upstream-moe/                                   900 each
 #   eager-warmup bench_runner.py --diagnose-eager-warmup: where upstream's graphs-disabled
 #                warmup spends its time on a tiny MoE (stacks every 15 s)                        450

@@ -192,10 +192,12 @@ class Cell:
     examples: List[str] = field(default_factory=list)
     mismatch_labels: List[str] = field(default_factory=list)
 
+    def take_delta(self, delta: float, at: Optional[str]) -> None:
+        if delta > self.max_abs_delta:
+            self.max_abs_delta, self.max_abs_delta_at = delta, at
+
     def add(self, v: Verdict, label: str) -> None:
-        if v.max_abs_delta > self.max_abs_delta:
-            self.max_abs_delta = v.max_abs_delta
-            self.max_abs_delta_at = f"{label} token {v.delta_position}"
+        self.take_delta(v.max_abs_delta, f"{label} token {v.delta_position}")
         if v.kind == "identical":
             self.identical += 1
             return
@@ -318,8 +320,7 @@ def totals(cells: Dict[tuple, Cell]) -> Cell:
         out.flips += c.flips
         out.mismatches += c.mismatches
         out.mismatch_labels += c.mismatch_labels
-        if c.max_abs_delta > out.max_abs_delta:
-            out.max_abs_delta, out.max_abs_delta_at = c.max_abs_delta, c.max_abs_delta_at
+        out.take_delta(c.max_abs_delta, c.max_abs_delta_at)
         out.examples += c.examples
     return out
 
