@@ -41,3 +41,17 @@ def test_an_operator_list_is_kept_as_given(monkeypatch):
     server = _server_module(monkeypatch, 2200000)
     monkeypatch.setenv("SGLANG_SM120_TEST_SERVER_ARGS", "--mem-fraction-static 0.2")
     assert server.server_args("qwen3_moe-bf16") == ["--mem-fraction-static", "0.2"]
+
+
+def test_every_flag_parses_under_the_installed_sglang(monkeypatch):
+    """A flag the installed upstream does not know would stop every test server at start-up."""
+    import argparse
+
+    from sglang.srt.server_args import ServerArgs
+
+    server = _server_module(monkeypatch, None)
+    for model in server.TINY_MODELS:
+        parser = argparse.ArgumentParser()
+        ServerArgs.add_cli_args(parser)
+        ns = parser.parse_args(["--model-path", "/nonexistent"] + server.server_args(model))
+        assert ns.enable_tokenizer_batch_encode and ns.disable_radix_cache, model

@@ -3,7 +3,8 @@
 By default every selected model's server is launched at once when the first serving test
 starts (JIT compiles and Python start-up overlap; each server holds a small KV pool), and each
 is stopped after its own tests. SGLANG_SM120_TEST_PARALLEL=0 starts them one at a time instead.
-Server logs and a summary JSON go to $OUT if it is set, else to pytest's tmp dir.
+Server logs and a summary JSON go to $SGLANG_SM120_RESULTS_DIR (like every GPU test's results),
+else to $OUT, else to pytest's tmp dir.
 """
 from __future__ import annotations
 
@@ -102,7 +103,8 @@ def pytest_collection_modifyitems(session, config, items):
 
 @pytest.fixture(scope="session")
 def serving(request, tmp_path_factory):
-    out = os.environ.get("OUT") or str(tmp_path_factory.mktemp("gpu-serving"))
+    out = (os.environ.get("SGLANG_SM120_RESULTS_DIR") or os.environ.get("OUT")
+           or str(tmp_path_factory.mktemp("gpu-serving")))
     os.makedirs(out, exist_ok=True)
     s = Session(request.config, out)
     yield s

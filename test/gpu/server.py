@@ -38,6 +38,12 @@ DEFAULT_SERVER_ARGS: List[str] = [
     # Every request computed from scratch: repeated greedy requests and teacher-forced logprobs
     # are exactly comparable (a radix-cache hit would change the prefill shapes).
     "--disable-radix-cache",
+    # A batched /generate reaches the scheduler as one message, so a repeated batch is prefilled
+    # and decoded in the same batch shapes. Sent request by request, the scheduler split two
+    # identical batches differently (three prompts prefilled as 1+2, then as 2+1), and a stack
+    # that is not batch-invariant (DSA NVFP4: sglang refuses deterministic inference there)
+    # then answered the repeated greedy batch differently.
+    "--enable-tokenizer-batch-encode",
     # Small static memory and KV pool: several servers share one GPU during the session.
     "--mem-fraction-static", "0.15",
     "--max-total-tokens", "65536",
