@@ -25,11 +25,11 @@ for part in "$@"; do
   cp "$part/manifest.json" "$part/install.sh" "$STAGE/"
   mkdir -p "$STAGE/$name"
   shopt -s nullglob
-  wheels=("$part"/*.whl)
+  files=("$part"/*.whl "$part"/*.whl.piece-*)  # pieces: a wheel larger than a part, joined at install
   shopt -u nullglob
-  [ ${#wheels[@]} -gt 0 ] || die "PARTDIR $part holds no wheels"
-  cp "${wheels[@]}" "$STAGE/$name/"
-  echo "stage.sh: copied ${#wheels[@]} wheel(s) of $name into $STAGE/$name"
+  [ ${#files[@]} -gt 0 ] || die "PARTDIR $part holds no wheels"
+  cp "${files[@]}" "$STAGE/$name/"
+  echo "stage.sh: copied ${#files[@]} file(s) of $name into $STAGE/$name"
   bash "$STAGE/install.sh" --verify-only --part "$name"
 done
 bash "$STAGE/install.sh" --status

@@ -1,14 +1,15 @@
 #!/usr/bin/env python3
 """Build an offline wheelhouse for running the fork on a GPU host that has no package registry.
 
-    python deploy/wheelhouse.py --python 3.12 --exclude-from HOST_FREEZE --split-mb 50 --out DIR
+    python deploy/wheelhouse.py --python 3.12 --exclude-from HOST_FREEZE --split-mb 36 --out DIR
 
 The set is the closure of the upstream sglang wheel's Requires-Dist for the target (CPython
 version, manylinux up to the target's glibc), minus what HOST_FREEZE (`pip freeze` or `pip list`
 of the target) already has at versions meeting every requirement, with the deliberate
 decisions of the policy file applied (skips, version conflicts, slimmed wheels, edits) and
 reported. Output: DIR/part-NN/ (each at most --split-mb MB = 10^6 bytes, with a copy of the
-manifest and installer), DIR/manifest.json, DIR/install.sh, DIR/report.txt.
+manifest and installer; a wheel larger than that travels as pieces that the installer joins),
+DIR/manifest.json, DIR/install.sh, DIR/report.txt.
 See docs/gpu-host.md for moving the parts and installing.
 """
 from __future__ import annotations
@@ -61,7 +62,8 @@ def parse_args(argv):
     ap.add_argument("--exclude-from", metavar="FILE", help="`pip freeze` / `pip list` output of the target")
     # 50: a part plus the checkout's tracked files (about 10 MB, growing with results) must
     # stay under the 64 MiB one GPU-host call carries; the largest wheel (xgrammar, 45 MB) sets the floor.
-    ap.add_argument("--split-mb", type=float, default=50.0, help="largest part in MB (10^6 bytes); default 50")
+    ap.add_argument("--split-mb", type=float, default=36.0,
+                    help="largest part in MB (10^6 bytes); a larger wheel travels as pieces; default 36")
     ap.add_argument("--out", required=True, type=Path, help="output directory")
     ap.add_argument("--policy", type=Path, default=DEFAULT_POLICY, help=f"decisions file (default {DEFAULT_POLICY})")
     ap.add_argument("--fork-wheel", type=Path, help="ship this prebuilt fork wheel instead of the upstream wheel")
@@ -211,6 +213,9 @@ def run(argv=None) -> int:
     (args.out / "report.txt").write_text(report)
     sys.stdout.write(report)
     total = sum(e.size for e in entries)
+    pieced = [e.filename for e in entries if e.pieces]
+    if pieced:
+        log(f"{len(pieced)} wheel(s) larger than a part travel as pieces, joined at install: {', '.join(pieced)}")
     log(f"wrote {args.out}: {len(entries)} wheels, {total / 1e6:.1f} MB in {len(dir_sizes)} part(s), largest part "
         f"{max(dir_sizes.values()) / 1e6:.2f} MB (limit {split_bytes / 1e6:g} MB); pip calls: {selector.calls}")
     return 0

@@ -58,6 +58,9 @@
 #                capped (SGLANG_SM120_GPU_MAX_TOKENS) so it can share the GPU with that step, but
 #                the launch line's literal --mem-fraction-static 0.7 cannot: beside the grid, pass
 #                GPU_SUITE_K="not launch_line" and run the glm5-launch-line step after it      2400
+#   repeat-probe lab/repeat_probe.py: one server per variant in $REPEAT_PROBE_VARIANTS (';'-separated
+#                "NAME MODEL [WORD...]"; default: the DSA NVFP4 greedy-repeat suspects), each
+#                answering one greedy batch 12 times -> RESULTS/repeat-probe.json              900
 # Not in the default list (a serving session of their own, ~25 min, issue 6):
 #   client-ceiling  benchmarks/client_ceiling.py: the bench_serving client alone against a synthetic
 #                1024-stream decode loop (no GPU): is the client or the server the serving limit  180
@@ -84,7 +87,7 @@ cd "$(dirname "$0")/.."
 RES=$(mkdir -p "$1" && cd "$1" && pwd); shift
 STEPS=("$@")
 [ ${#STEPS[@]} -gt 0 ] || STEPS=(correctness-full correctness-alone prefill-fa2 runner zero-copy traps kernels fp4 lean-moe prefill-profile correctness graph-memory fp4-ncu moe-profile eager-warmup)
-KNOWN="glm5-launch-line sm120-check fp4-selfcheck gpu-suite lean-moe kernels fp4 fp4-ab w4a16-timeline fp4-ncu graph-memory runner prefill-profile prefill-fa2 zero-copy moe-profile traps correctness correctness-full correctness-alone eager-warmup client-ceiling serving soak serving-diag serving-soak serving-tw4"
+KNOWN="repeat-probe glm5-launch-line sm120-check fp4-selfcheck gpu-suite lean-moe kernels fp4 fp4-ab w4a16-timeline fp4-ncu graph-memory runner prefill-profile prefill-fa2 zero-copy moe-profile traps correctness correctness-full correctness-alone eager-warmup client-ceiling serving soak serving-diag serving-soak serving-tw4"
 for s in "${STEPS[@]}"; do  # all checked before the first one starts
   case " $KNOWN " in *" $s "*) ;; *) echo "measure_all.sh: unknown step $s ($KNOWN)"; exit 2 ;; esac
 done
@@ -132,6 +135,12 @@ for s in "${STEPS[@]}"; do
           --log-file "$RES/fp4-ncu.txt" \
           "$PY" lab/fp4_lab.py profile --cases-out "$RES/fp4-ncu-cases.json"
       fi ;;
+    repeat-probe)
+      probe=()
+      IFS=';' read -ra specs <<< "${REPEAT_PROBE_VARIANTS:-base glm_moe_dsa-nvfp4;bf16 glm_moe_dsa-bf16;topk-torch glm_moe_dsa-nvfp4 --dsa-topk-backend torch;no-overlap glm_moe_dsa-nvfp4 --disable-overlap-schedule;marlin-atomic glm_moe_dsa-nvfp4 SGLANG_ENABLE_DETERMINISTIC_INFERENCE=0;qwen3-nvfp4 qwen3_moe-nvfp4}"
+      for v in "${specs[@]}"; do probe+=(--variant "$v"); done
+      PYTHONPATH="$PWD/test/gpu${PYTHONPATH:+:$PYTHONPATH}" step repeat-probe 900 "$PY" lab/repeat_probe.py \
+        --out "$RES/repeat-probe.json" "${probe[@]}" ;;
     graph-memory)
       step graph-memory 180 "$PY" lab/graph_memory_probe.py --out "$RES/graph-memory.json" ;;
     runner)

@@ -1,4 +1,7 @@
-"""Write the wheelhouse: part-NN/ folders, manifest.json, install.sh, report.txt."""
+"""Write the wheelhouse: part-NN/ folders, manifest.json, install.sh, report.txt.
+
+A wheel larger than a part is written as pieces (FILE.piece-I-of-N, each in some part); its
+manifest entry lists them with their own sha256, and install.sh joins them into joined/FILE."""
 from __future__ import annotations
 
 import hashlib
@@ -8,7 +11,7 @@ import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .pack import pack
+from .pack import pack, piece_spans
 
 INSTALL_SH = Path(__file__).with_name("install.sh")
 PER_PART_RESERVE = 512 * 1024  # manifest.json + install.sh copies travel in every part
@@ -30,11 +33,14 @@ class WheelEntry:
     role: str  # dependency | upstream | fork
     required_by: list[str] = field(default_factory=list)
     modified: dict | None = None
-    part: str = ""
+    part: str = ""  # "" when the wheel travels as pieces
+    pieces: list[dict] = field(default_factory=list)  # {file, part, offset, size, sha256}
 
     def as_json(self) -> dict:
         d = {"name": self.name, "version": self.version, "filename": self.filename, "sha256": self.sha256,
              "size": self.size, "part": self.part, "role": self.role, "required_by": self.required_by}
+        if self.pieces:
+            d["pieces"] = [{k: p[k] for k in ("file", "part", "size", "sha256")} for p in self.pieces]
         if self.modified:
             d["modified"] = self.modified
         return d
@@ -54,6 +60,7 @@ def _clear_previous(out: Path) -> None:
             shutil.rmtree(p)
     for name in OUR_FILES:
         (out / name).unlink(missing_ok=True)
+    shutil.rmtree(out / "joined", ignore_errors=True)
 
 
 def _place(src: Path, dst: Path) -> None:
@@ -63,6 +70,32 @@ def _place(src: Path, dst: Path) -> None:
         shutil.copy2(src, dst)
 
 
+def _write_piece(src: Path, offset: int, size: int, dst: Path) -> str:
+    with open(src, "rb") as f:
+        f.seek(offset)
+        data = f.read(size)
+    if len(data) != size:
+        raise OutputError(f"{src}: short read at byte {offset} (the file changed while writing the wheelhouse?)")
+    dst.write_bytes(data)
+    return hashlib.sha256(data).hexdigest()
+
+
+def _items(wheels: list[WheelEntry], cap: int) -> dict[str, int]:
+    """What pack() places: whole wheels, and the pieces of every wheel larger than `cap`."""
+    items = {}
+    for w in wheels:
+        w.part, w.pieces = "", []
+        if w.size <= cap:
+            items[w.filename] = w.size
+            continue
+        spans = piece_spans(w.size, cap)
+        for i, (offset, size) in enumerate(spans, 1):
+            piece = {"file": f"{w.filename}.piece-{i}-of-{len(spans)}", "offset": offset, "size": size}
+            w.pieces.append(piece)
+            items[piece["file"]] = size
+    return items
+
+
 def write_wheelhouse(out: Path, wheels: list[WheelEntry], split_bytes: int, meta: dict,
                      decisions: list[dict], report_text: str) -> tuple[dict, dict[str, int]]:
     """Returns the manifest and the byte size of each part folder as written."""
@@ -70,14 +103,27 @@ def write_wheelhouse(out: Path, wheels: list[WheelEntry], split_bytes: int, meta
     names = [w.filename for w in wheels]
     if len(set(names)) != len(names):
         raise OutputError("two wheels share a file name: " + ", ".join(sorted({n for n in names if names.count(n) > 1})))
+    items = _items(wheels, split_bytes - PER_PART_RESERVE)
     by_file = {w.filename: w for w in wheels}
-    groups = pack({w.filename: w.size for w in wheels}, split_bytes, PER_PART_RESERVE)
+    by_piece = {p["file"]: (w, p) for w in wheels for p in w.pieces}
+    groups = pack(items, split_bytes, PER_PART_RESERVE)
     parts = {}
     for i, group in enumerate(groups, 1):
         pname = f"part-{i:02d}"
         for fn in group:
-            by_file[fn].part = pname
-        parts[pname] = {"bytes": sum(by_file[fn].size for fn in group), "wheels": len(group)}
+            if fn in by_file:
+                by_file[fn].part = pname
+            else:
+                by_piece[fn][1]["part"] = pname
+        parts[pname] = {"bytes": sum(items[fn] for fn in group), "wheels": sum(fn in by_file for fn in group),
+                        "pieces": sum(fn in by_piece for fn in group)}
+    out.mkdir(parents=True, exist_ok=True)
+    _clear_previous(out)
+    for pname in parts:
+        (out / pname).mkdir()
+    for w in wheels:
+        for p in w.pieces:
+            p["sha256"] = _write_piece(w.path, p["offset"], p["size"], out / p["part"] / p["file"])
 
     ident = hashlib.sha256("\n".join(f"{w.filename} {w.sha256}" for w in sorted(wheels, key=lambda w: w.filename)).encode()).hexdigest()
     manifest = {
@@ -91,12 +137,9 @@ def write_wheelhouse(out: Path, wheels: list[WheelEntry], split_bytes: int, meta
     }
     text = json.dumps(manifest, indent=1, sort_keys=False) + "\n"
 
-    out.mkdir(parents=True, exist_ok=True)
-    _clear_previous(out)
     dir_sizes: dict[str, int] = {}
     for pname in parts:
         pdir = out / pname
-        pdir.mkdir()
         for w in wheels:
             if w.part == pname:
                 _place(w.path, pdir / w.filename)

@@ -1,4 +1,5 @@
-"""Split wheels into parts of bounded size (first-fit decreasing)."""
+"""Split wheels into parts of bounded size (first-fit decreasing); a wheel larger than a part
+travels as byte pieces (piece_spans) that the installer joins and checks against its sha256."""
 from __future__ import annotations
 
 
@@ -20,7 +21,7 @@ def pack(sizes: dict[str, int], limit: int, reserve: int = 0) -> list[list[str]]
         k = too_big[0]
         raise PackError(
             f"{k} is {sizes[k] / 1e6:.1f} MB, larger than a part ({cap / 1e6:.1f} MB usable of "
-            f"--split-mb {limit / 1e6:g}); raise --split-mb or slim it in the policy"
+            f"--split-mb {limit / 1e6:g}); split it into pieces first (piece_spans)"
             + (f" ({len(too_big) - 1} more too large)" if len(too_big) > 1 else "")
         )
     parts: list[list[str]] = []
@@ -35,3 +36,12 @@ def pack(sizes: dict[str, int], limit: int, reserve: int = 0) -> list[list[str]]
             parts.append([key])
             room.append(cap - sizes[key])
     return [sorted(p) for p in parts]
+
+
+def piece_spans(size: int, cap: int) -> list[tuple[int, int]]:
+    """(offset, length) of the fewest near-equal pieces of a `size`-byte file, each <= cap."""
+    if cap <= 0:
+        raise PackError(f"piece size {cap} bytes: must be positive")
+    count = -(-size // cap)
+    step = -(-size // count)
+    return [(off, min(step, size - off)) for off in range(0, size, step)]

@@ -104,5 +104,6 @@ def format_report(res: Resolution, decisions: list[dict], transforms: list[dict]
     if parts:
         lines.append("parts:")
         for name, p in parts.items():
-            lines.append(f"  {name}: {p['bytes'] / 1e6:.1f} MB in {p['wheels']} wheels")
+            pieces = f" and {p['pieces']} piece(s) of larger wheels" if p.get("pieces") else ""
+            lines.append(f"  {name}: {p['bytes'] / 1e6:.1f} MB in {p['wheels']} wheels{pieces}")
     return "\n".join(lines) + "\n"

@@ -22,7 +22,7 @@ import wheelhouse  # noqa: E402
 from wheelhouse_lib.compat import Version  # noqa: E402
 from wheelhouse_lib.hostenv import HostListError, HostPackages, Target, load_host_list, parse_host_list  # noqa: E402
 from wheelhouse_lib.output import OutputError, WheelEntry, check_out_dir, write_wheelhouse  # noqa: E402
-from wheelhouse_lib.pack import PackError, pack  # noqa: E402
+from wheelhouse_lib.pack import PackError, pack, piece_spans  # noqa: E402
 from wheelhouse_lib.pipselect import PipSelector, sha256_of  # noqa: E402
 from wheelhouse_lib.policy import PolicyError, load_policy, parse_policy  # noqa: E402
 from wheelhouse_lib.resolve import Candidate, resolve  # noqa: E402
@@ -251,6 +251,14 @@ def test_pack_names_a_wheel_larger_than_a_part():
         pack({"small.whl": 10, "huge.whl": 70}, limit=60)
 
 
+@pytest.mark.parametrize("size,cap,count", [(100, 40, 3), (80, 40, 2), (81, 40, 3), (5, 40, 1)])
+def test_piece_spans_cover_the_file_in_the_fewest_pieces(size, cap, count):
+    spans = piece_spans(size, cap)
+    assert len(spans) == count and all(0 < n <= cap for _, n in spans)
+    assert [off for off, _ in spans] == [sum(n for _, n in spans[:i]) for i in range(count)]
+    assert sum(n for _, n in spans) == size
+
+
 # ---------------------------------------------------------------- wheel rewriting
 
 def _kernel_wheel(tmp: Path) -> Path:
@@ -431,6 +439,68 @@ def test_install_sh_refuses_a_corrupted_wheel_or_a_missing_part(tmp_path):
     assert r.returncode == 1 and f"{gone} is missing or incomplete" in r.stderr
     r = _sh([out2 / "install.sh", "--status"])
     assert r.returncode == 0 and f"{gone}: missing" in r.stdout
+
+
+def _pieced_wheelhouse(tmp: Path) -> tuple[Path, dict, dict]:
+    """alpha (100 kB) and beta (360 kB) with parts of ~100 kB usable: beta travels as 4 pieces."""
+    src = tmp / "wheels"
+    dep1 = make_wheel(src, "alpha", "1.0", {"alpha/__init__.py": b"A = 1\n", "alpha/blob.bin": os.urandom(90_000)})
+    dep2 = make_wheel(src, "beta", "2.0", {"beta/__init__.py": b"B = 2\n", "beta/blob.bin": os.urandom(360_000)})
+    entries = [WheelEntry(name=n, version="1", filename=p.name, path=p, sha256=sha256_of(p), size=p.stat().st_size,
+                          role="dependency") for n, p in [("alpha", dep1), ("beta", dep2)]]
+    split = 512 * 1024 + 100_000
+    out = tmp / "wh"
+    manifest, sizes = write_wheelhouse(out, entries, split, {"root": {"name": "sglang"}}, [], "report\n")
+    assert all(s <= split for s in sizes.values())
+    return out, manifest, {w["name"]: w for w in manifest["wheels"]}
+
+
+def test_a_wheel_larger_than_a_part_travels_as_checked_pieces_and_installs(tmp_path):
+    out, manifest, by_name = _pieced_wheelhouse(tmp_path)
+    beta = by_name["beta"]
+    assert beta["part"] == "" and len(beta["pieces"]) == 4
+    assert len({p["part"] for p in beta["pieces"]}) == 4  # one piece a part: each is ~90 kB of ~100
+    joined = b"".join((out / p["part"] / p["file"]).read_bytes() for p in beta["pieces"])
+    assert hashlib.sha256(joined).hexdigest() == beta["sha256"] and len(joined) == beta["size"]
+    for p in beta["pieces"]:
+        assert sha256_of(out / p["part"] / p["file"]) == p["sha256"]
+    assert sum(part["pieces"] for part in manifest["parts"].values()) == 4
+    r = _sh([out / "install.sh", "--verify-only", "--part", beta["pieces"][1]["part"]])
+    assert r.returncode == 0 and "verified 1 file(s)" in r.stdout, r.stderr
+    site = tmp_path / "site"
+    r = _sh([out / "install.sh", site])
+    assert r.returncode == 0, r.stderr
+    assert (site / "beta" / "blob.bin").stat().st_size == 360_000 and (site / "alpha").is_dir()
+    assert sha256_of(out / "joined" / beta["filename"]) == beta["sha256"]
+
+
+def test_a_damaged_or_missing_piece_is_named_and_nothing_installs(tmp_path):
+    out, _, by_name = _pieced_wheelhouse(tmp_path)
+    piece = by_name["beta"]["pieces"][2]
+    path = out / piece["part"] / piece["file"]
+    data = bytearray(path.read_bytes())
+    data[10] ^= 0xFF
+    path.write_bytes(bytes(data))
+    site = tmp_path / "site"
+    r = _sh([out / "install.sh", site])
+    assert r.returncode == 1 and f"sha256 mismatch for {piece['part']}/{piece['file']}" in r.stderr
+    assert not site.exists() and not (out / "joined").exists()
+    path.unlink()
+    r = _sh([out / "install.sh", "--status"])
+    assert f"{piece['part']}: missing" in r.stdout
+    r = _sh([out / "install.sh", site])
+    assert r.returncode == 1 and f"{piece['part']} is missing or incomplete" in r.stderr
+
+
+def test_stage_carries_pieces(tmp_path):
+    out, manifest, by_name = _pieced_wheelhouse(tmp_path)
+    stage = tmp_path / "stage"
+    for part in sorted(manifest["parts"]):
+        r = _sh([REPO / "deploy/stage.sh", out / part], {"STAGE_DIR": str(stage)})
+        assert r.returncode == 0, r.stderr
+    r = _sh([stage / "install.sh", tmp_path / "site"])
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "site" / "beta" / "blob.bin").is_file()
 
 
 def test_out_dir_that_is_not_a_wheelhouse_is_refused(tmp_path):

@@ -39,10 +39,9 @@ DEFAULT_SERVER_ARGS: List[str] = [
     # are exactly comparable (a radix-cache hit would change the prefill shapes).
     "--disable-radix-cache",
     # A batched /generate reaches the scheduler as one message, so a repeated batch is prefilled
-    # and decoded in the same batch shapes. Sent request by request, the scheduler split two
-    # identical batches differently (three prompts prefilled as 1+2, then as 2+1), and a stack
-    # that is not batch-invariant (DSA NVFP4: sglang refuses deterministic inference there)
-    # then answered the repeated greedy batch differently.
+    # and decoded in the same batch shapes (sent request by request, two identical batches of
+    # three prompts were prefilled as 1+2, then as 2+1): the repeat test then compares like with
+    # like on stacks that are not batch-invariant.
     "--enable-tokenizer-batch-encode",
     # Small static memory and KV pool: several servers share one GPU during the session.
     "--mem-fraction-static", "0.15",
