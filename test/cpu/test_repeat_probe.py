@@ -24,3 +24,66 @@ def test_variant_words_split_into_flags_and_environment():
 ])
 def test_first_difference(a, b, where):
     assert probe.first_difference(a, b) == where
+
+
+class _FakeServer:
+    """Stands in for test/gpu/server.Server: its name picks how its repeats answer."""
+    calls = {}
+
+    def __init__(self, name, model_dir, log_path, args, env):
+        self.name, self.args, self.env, self.url = name, args, env, f"fake://{name}"
+
+    def command(self):
+        return ["launch", self.name, *self.args]
+
+    def start(self):
+        _FakeServer.calls[self.url] = 0
+
+    def wait_ready(self, timeout, progress):
+        if self.name == "broken":
+            raise RuntimeError("server exited with code 1 during startup")
+        return 1.0
+
+    def stop(self):
+        pass
+
+
+def _fake_request_json(url, payload, timeout):
+    url = url.removesuffix("/generate")
+    n = _FakeServer.calls[url] = _FakeServer.calls[url] + 1
+    outs = [[10 * r + t for t in range(payload["sampling_params"]["max_new_tokens"])]
+            for r in range(len(payload["text"]))]
+    if url == "fake://flaky" and n == 3:
+        outs[1][2] = -1
+    return [{"output_ids": o} for o in outs]
+
+
+def test_probe_counts_differing_repeats_per_variant_and_records_failures(tmp_path, monkeypatch):
+    import json
+    import sys
+    import types
+
+    fake = types.ModuleType("server")
+    fake.Server, fake.request_json = _FakeServer, _fake_request_json
+    fake.server_args = lambda model: ["--base-flag"]
+    fake.server_env = lambda model: {"BASE": "1"}
+    monkeypatch.setitem(sys.modules, "server", fake)
+    monkeypatch.setattr(probe.time, "sleep", lambda s: None)
+    models = tmp_path / "models"
+    (models / "m-bf16").mkdir(parents=True)
+    (models / "m-bf16" / "config.json").write_text("{}")  # present: nothing is built
+    out = tmp_path / "res" / "probe.json"
+    rc = probe.main(["--out", str(out), "--models-dir", str(models), "--repeats", "4", "--tokens", "5",
+                     "--variant", "steady m-bf16 --x 1", "--variant", "flaky m-bf16 K=2",
+                     "--variant", "broken m-bf16"])
+    assert rc == 1
+    got = {v["name"]: v for v in json.loads(out.read_text())["variants"]}
+    assert got["steady"]["differing_repeats"] == 0 and got["steady"]["distinct_batches"] == 1
+    assert got["steady"]["command"].endswith("--base-flag --x 1")
+    assert got["flaky"]["differing_repeats"] == 1
+    assert got["flaky"]["first_differences"] == [{"repeat": 2, "request": 1, "token": 2}]
+    assert "exited with code 1" in got["broken"]["error"]
+    targets = json.loads(out.read_text())["targets"]
+    assert targets["steady_identical_repeats"]["met"] and not targets["flaky_identical_repeats"]["met"]
+    assert not targets["broken_identical_repeats"]["met"]
+
