@@ -5,7 +5,6 @@ SGLANG_SM120_REQUIRE_INSTALLED=1, so there these tests cannot be skipped.
 """
 import importlib.metadata as md
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -110,3 +109,52 @@ def test_nvfp4_marlin_moe_runner_does_not_scale_twice():
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = [ln.split()[1:] for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
     assert rows == [["2.5", "None", "2.5"], ["None", "None", "None"]], proc.stdout
+
+
+MARLIN_REDUCE_PROBE = """
+import warnings; warnings.filterwarnings('ignore')
+import os, sys, torch
+import sglang.srt.utils.custom_op as CO
+CO.register_custom_op = lambda fn=None, **kw: fn if callable(fn) else (lambda f: f)  # the Python body
+import sglang.srt.layers.moe.fused_moe_triton as FMT
+import sglang.srt.layers.moe.fused_moe_triton.fused_marlin_moe as FM
+
+class Stop(Exception):
+    pass
+
+def first_gemm(*args, use_atomic_add, **kwargs):
+    print('RESULT', use_atomic_add)
+    raise Stop
+
+M, K, N, E, topk = 2, 64, 64, 4, 2
+ids = torch.tensor([[0, 1], [2, 3]], dtype=torch.int32)
+FMT.moe_align_block_size = lambda topk_ids, block, experts, **kw: (
+    torch.zeros(16, dtype=torch.int32), torch.zeros(2, dtype=torch.int32), torch.tensor([16]))
+FM.moe_wna16_marlin_gemm = first_gemm
+FM.get_scalar_type = lambda *a: None
+torch.cuda.get_device_capability = lambda device=None: (9, 0)
+for case in sys.argv[1:]:
+    for name in ('SGLANG_SM120_MARLIN_MOE_ORDERED_REDUCE', 'SGLANG_ENABLE_DETERMINISTIC_INFERENCE'):
+        os.environ.pop(name, None)
+    if case != 'none':
+        os.environ[case] = '1'
+    try:
+        FM.fused_marlin_moe(
+            torch.zeros(M, K, dtype=torch.bfloat16), torch.zeros(E, K // 16, 2 * N * 2, dtype=torch.int32),
+            torch.zeros(E, N // 16, 2 * K, dtype=torch.int32), torch.ones(E, 4, 2 * N), torch.ones(E, 4, K),
+            torch.zeros(M, E), torch.ones(M, topk), ids, w1_global_scale=torch.ones(E),
+            w2_global_scale=torch.ones(E), workspace=torch.zeros(64, dtype=torch.int32), num_bits=4)
+    except Stop:
+        pass
+"""
+
+
+def test_marlin_moe_reduces_in_order_when_asked():
+    """Patch 0302: on SM90 Marlin MoE reduces with atomic adds unless deterministic inference
+    or the fork's SGLANG_SM120_MARLIN_MOE_ORDERED_REDUCE asks for the fixed-order reduce (the
+    first Marlin GEMM's use_atomic_add, per case)."""
+    cases = ["none", "SGLANG_SM120_MARLIN_MOE_ORDERED_REDUCE", "SGLANG_ENABLE_DETERMINISTIC_INFERENCE"]
+    proc = py("-c", MARLIN_REDUCE_PROBE, *cases)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = [ln.split()[1] for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+    assert got == ["True", "False", "False"], proc.stdout

@@ -82,7 +82,7 @@ def server_args(model: str = "") -> List[str]:
     extra = [a for suffix, more in EXTRA_SERVER_ARGS.items() if model.endswith(suffix) for a in more]
     if model.startswith(tinymodels.DSA_ARCH + "-"):
         # sglang refuses --enable-deterministic-inference for DeepSeek-family models unless the
-        # attention backend is fa3 or triton; server_env sets what patch 0302 reads instead
+        # attention backend is fa3 or triton; server_env asks patch 0302 for the ordered reduce
         extra = [a for a in extra if a != DETERMINISTIC_FLAG] + tinymodels.dsa_flags()
     return base + extra
 
@@ -92,13 +92,15 @@ DETERMINISTIC_FLAG = "--enable-deterministic-inference"
 
 def server_env(model: str = "") -> dict:
     """Environment additions of a model's server: for the DSA model the prefill threshold and,
-    in place of the refused flag, the variable the flag sets (Marlin MoE's ordered reduce)."""
+    in place of the refused flag, the fork's Marlin MoE ordered reduce (patch 0302; sglang resets
+    SGLANG_ENABLE_DETERMINISTIC_INFERENCE to 0 whenever the flag is off, so that variable is no
+    substitute)."""
     if not model.startswith(tinymodels.DSA_ARCH + "-"):
         return {}
     env = tinymodels.dsa_env()
     if any(DETERMINISTIC_FLAG in extra and model.endswith(suffix)
            for suffix, extra in EXTRA_SERVER_ARGS.items()):
-        env["SGLANG_ENABLE_DETERMINISTIC_INFERENCE"] = "1"
+        env["SGLANG_SM120_MARLIN_MOE_ORDERED_REDUCE"] = "1"
     return env
 
 

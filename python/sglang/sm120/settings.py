@@ -170,6 +170,11 @@ SETTINGS: Tuple[Setting, ...] = (
     _s("REJECT_UNKNOWN_MODEL", "switch", False, "runtime",
        "OpenAI endpoints answer 404 to a `model` this server does not serve. Set by "
        "--reject-unknown-model (inherited by the HTTP server's process)."),
+    _s("MARLIN_MOE_ORDERED_REDUCE", "switch", False, "runtime",
+       "Marlin MoE (NVFP4 and other weight-only MoE on SM80-SM90) reduces in a fixed order instead "
+       "of with atomic adds, so identical requests give identical outputs, as "
+       "--enable-deterministic-inference does; for backends where sglang refuses that flag (DSA "
+       "models on FlashMLA).", off="atomic adds unless deterministic inference, upstream's rule"),
     # ---- runtime: NVFP4 kernels
     _s("KERNEL_LIB", "path", None, "runtime",
        "libsm120_kernels.so (or its folder) to load instead of the one packaged in the wheel."),
