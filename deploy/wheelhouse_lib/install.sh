@@ -53,7 +53,6 @@ if args.has_role:
     sys.exit(0 if any(w["role"] == args.has_role for w in wheels) else 1)
 
 
-
 def files_of(w):
     """(part, file, sha256) of what travels for wheel w: the wheel itself, or its pieces."""
     if w.get("pieces"):

@@ -105,7 +105,7 @@ def write_wheelhouse(out: Path, wheels: list[WheelEntry], split_bytes: int, meta
         raise OutputError("two wheels share a file name: " + ", ".join(sorted({n for n in names if names.count(n) > 1})))
     items = _items(wheels, split_bytes - PER_PART_RESERVE)
     by_file = {w.filename: w for w in wheels}
-    by_piece = {p["file"]: (w, p) for w in wheels for p in w.pieces}
+    by_piece = {p["file"]: p for w in wheels for p in w.pieces}
     groups = pack(items, split_bytes, PER_PART_RESERVE)
     parts = {}
     for i, group in enumerate(groups, 1):
@@ -114,7 +114,7 @@ def write_wheelhouse(out: Path, wheels: list[WheelEntry], split_bytes: int, meta
             if fn in by_file:
                 by_file[fn].part = pname
             else:
-                by_piece[fn][1]["part"] = pname
+                by_piece[fn]["part"] = pname
         parts[pname] = {"bytes": sum(items[fn] for fn in group), "wheels": sum(fn in by_file for fn in group),
                         "pieces": sum(fn in by_piece for fn in group)}
     out.mkdir(parents=True, exist_ok=True)

@@ -116,6 +116,7 @@ import warnings; warnings.filterwarnings('ignore')
 import os, sys, torch
 import sglang.srt.utils.custom_op as CO
 CO.register_custom_op = lambda fn=None, **kw: fn if callable(fn) else (lambda f: f)  # the Python body
+import importlib
 import sglang.srt.layers.moe.fused_moe_triton as FMT
 import sglang.srt.layers.moe.fused_moe_triton.fused_marlin_moe as FM
 
@@ -130,14 +131,15 @@ M, K, N, E, topk = 2, 64, 64, 4, 2
 ids = torch.tensor([[0, 1], [2, 3]], dtype=torch.int32)
 FMT.moe_align_block_size = lambda topk_ids, block, experts, **kw: (
     torch.zeros(16, dtype=torch.int32), torch.zeros(2, dtype=torch.int32), torch.tensor([16]))
-FM.moe_wna16_marlin_gemm = first_gemm
-FM.get_scalar_type = lambda *a: None
 torch.cuda.get_device_capability = lambda device=None: (9, 0)
 for case in sys.argv[1:]:
     for name in ('SGLANG_SM120_MARLIN_MOE_ORDERED_REDUCE', 'SGLANG_ENABLE_DETERMINISTIC_INFERENCE'):
         os.environ.pop(name, None)
     if case != 'none':
         os.environ[case] = '1'
+    importlib.reload(FM)  # the fork's setting is read at import
+    FM.moe_wna16_marlin_gemm = first_gemm
+    FM.get_scalar_type = lambda *a: None
     try:
         FM.fused_marlin_moe(
             torch.zeros(M, K, dtype=torch.bfloat16), torch.zeros(E, K // 16, 2 * N * 2, dtype=torch.int32),
