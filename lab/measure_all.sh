@@ -137,7 +137,7 @@ for s in "${STEPS[@]}"; do
       fi ;;
     repeat-probe)
       probe=()
-      IFS=';' read -ra specs <<< "${REPEAT_PROBE_VARIANTS:-base glm_moe_dsa-nvfp4;bf16 glm_moe_dsa-bf16;topk-torch glm_moe_dsa-nvfp4 --dsa-topk-backend torch;no-overlap glm_moe_dsa-nvfp4 --disable-overlap-schedule;marlin-atomic glm_moe_dsa-nvfp4 SGLANG_SM120_MARLIN_MOE_ORDERED_REDUCE=0;qwen3-nvfp4 qwen3_moe-nvfp4}"
+      IFS=';' read -ra specs <<< "${REPEAT_PROBE_VARIANTS:-base glm_moe_dsa-nvfp4;bf16 glm_moe_dsa-bf16;no-overlap glm_moe_dsa-nvfp4 --disable-overlap-schedule;marlin-atomic glm_moe_dsa-nvfp4 SGLANG_SM120_MARLIN_MOE_ORDERED_REDUCE=0;qwen3-nvfp4 qwen3_moe-nvfp4}"
       for v in "${specs[@]}"; do probe+=(--variant "$v"); done
       PYTHONPATH="$PWD/test/gpu${PYTHONPATH:+:$PYTHONPATH}" step repeat-probe 900 "$PY" lab/repeat_probe.py \
         --out "$RES/repeat-probe.json" "${probe[@]}" ;;

@@ -6,7 +6,7 @@ per variant how many repeats differ from the first and where (request, token).
 
     PYTHONPATH=test/gpu:/tmp/site python3 lab/repeat_probe.py --out /tmp/res/repeat-probe.json \\
         --variant "base glm_moe_dsa-nvfp4" \\
-        --variant "topk-torch glm_moe_dsa-nvfp4 --dsa-topk-backend torch" \\
+        --variant "no-overlap glm_moe_dsa-nvfp4 --disable-overlap-schedule" \\
         --variant "marlin-atomic glm_moe_dsa-nvfp4 SGLANG_SM120_MARLIN_MOE_ORDERED_REDUCE=0"
 
 A variant is "NAME MODEL [WORD...]": WORDs of the form UPPER_CASE=VALUE go to the server's

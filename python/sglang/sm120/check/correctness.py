@@ -140,6 +140,13 @@ def run_gemms(shapes: Sequence[Tuple[str, int, int]], ms: Sequence[int], log: Ca
     return out
 
 
+def start_cublas() -> None:
+    """cuBLAS's one-time start (handle, workspace, first fp32 GEMM kernel) on the current GPU."""
+    a = torch.ones(64, 64, device=torch.device("cuda", torch.cuda.current_device()))
+    torch.mm(a, a)
+    torch.cuda.synchronize()
+
+
 def run_selfcheck(n: int, k: int, log: Callable[[str], None]) -> Dict:
     """The check the server runs before serving (fp4_selfcheck.verify_shape), on one shape."""
     from sglang.sm120.fp4_selfcheck import verify_shape
