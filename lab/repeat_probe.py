@@ -123,7 +123,7 @@ def main(argv=None) -> int:
         "command": shlex.join([sys.executable] + sys.argv),
         "repeats": args.repeats, "max_new_tokens": args.tokens, "prompts": len(GENERATE_PROMPTS),
         "variants": variants,
-        "targets": {f"{v['name']}_identical_repeats": {
+        "targets": {f"{v['name']}_differing_repeats": {
             "value": v.get("differing_repeats"), "target": 0,
             "met": v.get("differing_repeats") == 0} for v in variants},
     }

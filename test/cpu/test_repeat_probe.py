@@ -84,6 +84,6 @@ def test_probe_counts_differing_repeats_per_variant_and_records_failures(tmp_pat
     assert got["flaky"]["first_differences"] == [{"repeat": 2, "request": 1, "token": 2}]
     assert "exited with code 1" in got["broken"]["error"]
     targets = json.loads(out.read_text())["targets"]
-    assert targets["steady_identical_repeats"]["met"] and not targets["flaky_identical_repeats"]["met"]
-    assert not targets["broken_identical_repeats"]["met"]
+    assert targets["steady_differing_repeats"]["met"] and not targets["flaky_differing_repeats"]["met"]
+    assert not targets["broken_differing_repeats"]["met"]
 

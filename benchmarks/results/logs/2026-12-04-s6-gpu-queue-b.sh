@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The sixth session's second H200 queue, run from /tmp/work (a copy of the commit's tree) as
-#   SGLANG_SM120_COMMIT=<sha> bash deploy/bg.sh start q -- bash benchmarks/results/logs/2026-12-04-s6b-gpu-queue.sh
+#   SGLANG_SM120_COMMIT=<sha> bash deploy/bg.sh start q -- bash benchmarks/results/logs/2026-12-04-s6-gpu-queue-b.sh
 # Base 0.5.16. Alone, one after the other: where the self-check's seconds go (cuBLAS's start or the
 # check), the self-check and check tests (the check now times the self-check after cuBLAS's start),
 # and the GLM-5 launch line.
