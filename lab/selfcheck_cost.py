@@ -62,7 +62,7 @@ def main() -> int:
     med = {kind: {key: statistics.median(r[key] for r in rows if r["warm_cublas"] == (kind == "warm"))
                   for key in ("selfcheck_s", "selfcheck_again_s") + (("cublas_start_s",) if kind == "warm" else ())}
            for kind in ("cold", "warm")}
-    doc = {"what": __doc__.split("\n\n")[0], "shape": {"N": N, "K": K}, "trials": rows, "median": med,
+    doc = {"what": __doc__.split("\n\n")[0], "targets": {}, "shape": {"N": N, "K": K}, "trials": rows, "median": med,
            "command": " ".join(sys.argv)}
     with open(args.out, "w") as f:
         json.dump(doc, f, indent=1)
