@@ -150,7 +150,7 @@ def write_model_dir(path: Path, config: dict) -> Path:
 
 
 def one_batch_cmd(model_dir: Path, name: str, batch_sizes: List[int], jsonl: Path, tp: int,
-                  extra: List[str]) -> List[str]:
+                  extra: List[str], ep: int = 1) -> List[str]:
     """upstream's one-batch benchmark on the dummy-weight model, the setup every run here shares."""
     return [
         sys.executable, "-m", "sglang.benchmark.one_batch", "--model-path", str(model_dir),
@@ -158,16 +158,16 @@ def one_batch_cmd(model_dir: Path, name: str, batch_sizes: List[int], jsonl: Pat
         "--mem-fraction-static", "0.85", "--max-running-requests", "1024",
         "--batch-size", *map(str, batch_sizes), "--input-len", str(INPUT_LEN),
         "--output-len", str(OUTPUT_LEN), "--run-name", name, "--result-filename", str(jsonl),
-        "--tp-size", str(tp), *extra,
+        "--tp-size", str(tp), "--ep-size", str(ep), *extra,
     ]
 
 
 def run_one_batch(model_dir: Path, name: str, extra: List[str], workdir: Path, timeout: int,
-                  tp: int = 1) -> dict:
+                  tp: int = 1, ep: int = 1) -> dict:
     jsonl = workdir / f"{name}.jsonl"
     jsonl.unlink(missing_ok=True)
     batch_sizes = sorted(set(DECODE_BS) | set(PREFILL_BS.values()))
-    cmd = one_batch_cmd(model_dir, name, batch_sizes * PASSES, jsonl, tp, extra)
+    cmd = one_batch_cmd(model_dir, name, batch_sizes * PASSES, jsonl, tp, extra, ep)
     env = dict(os.environ, SGLANG_SM120_LAYERWISE_TIMING="1", **CONFIG_ENV.get(name, {}))
     print(f"[bench_runner] {name}: {' '.join(f'{k}={v}' for k, v in CONFIG_ENV.get(name, {}).items())}"
           f" {' '.join(cmd)}", flush=True)
@@ -550,11 +550,14 @@ def main(argv=None) -> None:
     ap.add_argument("--tag", default="h200", help="results go to benchmarks/results/runner-TAG.json/.md")
     # Default order: `disabled` first, so its eager passes pay the first-use compiles (Triton MoE
     # kernels per config) that would otherwise land in whichever configuration captures first
-    # (2026-12-01: layerwise prefill capture 78.7 s when first vs 3.7 s for the same config last).
+    # (a layerwise prefill capture took 20x longer first than last on the H200).
     ap.add_argument("--configs", nargs="+", choices=list(CONFIGS), default=DEFAULT_CONFIGS)
     ap.add_argument("--workdir", default=None, help="logs and the model config (default: a temp dir)")
     ap.add_argument("--timeout", type=int, default=900, help="per-configuration limit in seconds")
     ap.add_argument("--tp", type=int, default=1, help="tensor-parallel size of every configuration")
+    ap.add_argument("--ep", type=int, default=1,
+                    help="expert-parallel size of every configuration: 1 or the --tp size (sglang spreads "
+                         "experts over the whole TP group)")
     ap.add_argument("--results-dir", default=str(RESULTS), help="where runner-TAG.json/.md go")
     ap.add_argument("--merge", nargs="+", metavar="TAG", default=None,
                     help="no GPU: merge the runs of runner-TAG.json files (same results dir) into --tag")
@@ -562,6 +565,8 @@ def main(argv=None) -> None:
     ap.add_argument("--profile-eager-moe", action="store_true",
                     help="cProfile the eager MoE steps of one layerwise decode batch (bs 64)")
     args = ap.parse_args(argv)
+    if args.ep not in (1, args.tp):
+        ap.error(f"--ep {args.ep}: expert parallelism spans the TP group, so it is 1 or --tp ({args.tp})")
     results = Path(args.results_dir)
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="bench_runner_"))
     workdir.mkdir(parents=True, exist_ok=True)
@@ -587,18 +592,19 @@ def main(argv=None) -> None:
             failed.update(doc.get("failed", {}))
             for name in result["runs"]:
                 failed.pop(name, None)
-            for key in ("commit", "tp_size", "model", "device"):
+            for key in ("commit", "tp_size", "ep_size", "model", "device"):
                 result.setdefault(key, doc.get(key))
         result["merged_from"] = args.merge
     else:
         model = write_model_dir(workdir / "qwen3-30b-a3b-shapes", QWEN3_30B_A3B)
-        result.update(commit=commit(), tp_size=args.tp, device=device_name(), workdir=str(workdir),
+        result.update(commit=commit(), tp_size=args.tp, ep_size=args.ep, device=device_name(), workdir=str(workdir),
                       command=" ".join([os.path.basename(sys.executable), *sys.argv]))
         failed = result.setdefault("failed", {})
         for name in args.configs:
             print(f"[bench_runner] configuration {name} ({args.configs.index(name) + 1}/{len(args.configs)})", flush=True)
             try:
-                result["runs"][name] = run_one_batch(model, name, CONFIGS[name], workdir, args.timeout, args.tp)
+                result["runs"][name] = run_one_batch(model, name, CONFIGS[name], workdir, args.timeout,
+                                                     args.tp, args.ep)
                 failed.pop(name, None)
             except SystemExit as e:  # one configuration's failure must not lose the others' figures
                 print(f"[bench_runner] {name} FAILED: {e}", flush=True)
@@ -614,7 +620,8 @@ def main(argv=None) -> None:
 def write_results(out: Path, result: dict, tag: str) -> None:
     result.update(
         tag=tag,
-        model=f"Qwen3-30B-A3B shapes (48 layers, 128 experts top-8), bf16, dummy weights, TP {result.get('tp_size', 1)}",
+        model=f"Qwen3-30B-A3B shapes (48 layers, 128 experts top-8), bf16, dummy weights, TP {result.get('tp_size', 1)}"
+              + (f", EP {result['ep_size']}" if (result.get("ep_size") or 1) > 1 else ""),
         generated=utc_now(),
     )
     result["targets"] = compute_targets(result["runs"])

@@ -60,7 +60,7 @@ def test_a_failed_configuration_keeps_the_others_and_is_reported(bench, tmp_path
     monkeypatch.setattr(bench, "write_model_dir", lambda path, config: path)
     monkeypatch.setattr(bench, "device_name", lambda: "H200")
 
-    def fake_run(model, name, extra, workdir, timeout, tp=1):
+    def fake_run(model, name, extra, workdir, timeout, tp=1, ep=1):
         if name == "disabled":
             raise SystemExit("disabled: one_batch still running after 5 s; log: x.log\nlog tail")
         return _run({64: 20.0}, {1024: 27.6}, _cap(4.0, 0.7, 20.0, 0.7))

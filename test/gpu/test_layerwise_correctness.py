@@ -45,8 +45,9 @@ dequantization order.
 
 Environment: SGLANG_SM120_TINY_DIR caches the generated models (default: a pytest temp dir);
 SGLANG_SM120_GPU_QUICK=1 runs batch sizes {1, 17, 300} x lengths {7, 2000} only;
-SGLANG_SM120_RESULTS_DIR: also write layerwise-correctness-<model>[-tpN].{json,md} there (merged
-over modes); SGLANG_SM120_TP=N runs every engine with tensor parallelism N;
+SGLANG_SM120_RESULTS_DIR: also write layerwise-correctness-<model>[-tpN[-epN]].{json,md} there
+(merged over modes); SGLANG_SM120_TP=N runs every engine with tensor parallelism N, and
+SGLANG_SM120_EP=N (N = 1 or the TP size) with expert parallelism too;
 SGLANG_SM120_GPU_MAX_TOKENS=N caps every engine's KV pool at N tokens (--max-total-tokens), so
 several pytest processes, one model each, can share one GPU (queue step correctness-full); a cap
 below what the grid's largest batch holds at once is refused.
@@ -67,7 +68,7 @@ from pathlib import Path
 from typing import Dict, List, Optional
 
 import pytest
-from tinymodels import DSA_ARCH, MAX_TOKENS, TP, dsa_engine_kwargs, dsa_env, tiny_model, tiny_root  # noqa: F401 (fixture)
+from tinymodels import DSA_ARCH, EP, MAX_TOKENS, PARALLEL_SUFFIX, TP, dsa_engine_kwargs, dsa_env, tiny_model, tiny_root  # noqa: F401 (fixture)
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow]
 
@@ -367,6 +368,7 @@ def run_engine(model_dir: Path, mode: str, arch: str, groups, trap_log: Path, pa
         disable_radix_cache=True,
         random_seed=0,
         tp_size=TP,
+        ep_size=EP,
         max_total_tokens=MAX_TOKENS,
         log_level="warning",
         **mode_kwargs(mode, arch),
@@ -432,6 +434,7 @@ def _publish(arch, quant, capfd) -> str:
         doc = {
             "model": f"{arch}-{quant}",
             "tp_size": TP,
+            "ep_size": EP,
             "near_tie_eps": NEAR_TIE_EPS[quant],
             "rule": "judge() in test/gpu/test_layerwise_correctness.py (held to the full-graph control)",
             "targets": targets,
@@ -439,7 +442,7 @@ def _publish(arch, quant, capfd) -> str:
                 m: {f"{k[0]}x{k[1]}": c.__dict__ for k, c in cells.items()} for m, cells in rows.items()
             },
         }
-        stem = f"layerwise-correctness-{arch}-{quant}" + (f"-tp{TP}" if TP > 1 else "")
+        stem = f"layerwise-correctness-{arch}-{quant}" + PARALLEL_SUFFIX
         (out / f"{stem}.json").write_text(json.dumps(doc, indent=1))
         (out / f"{stem}.md").write_text("```\n" + table + "\n```\n")
     return table

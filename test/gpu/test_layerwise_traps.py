@@ -26,7 +26,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from tinymodels import DSA_ARCH, MAX_TOKENS, TP, dsa_env, dsa_flags, tiny_model, tiny_root  # noqa: F401 (fixture)
+from tinymodels import DSA_ARCH, EP, MAX_TOKENS, PARALLEL_SUFFIX, TP, dsa_env, dsa_flags, tiny_model, tiny_root  # noqa: F401 (fixture)
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow]
 
@@ -102,7 +102,7 @@ def test_server_capture_and_mixed_load_under_traps(arch, quant, tiny_root, tmp_p
     # lost it in pytest's tmp dir once).
     out_dir = Path(os.environ.get("SGLANG_SM120_RESULTS_DIR") or tmp_path)
     out_dir.mkdir(parents=True, exist_ok=True)
-    log_path = out_dir / f"traps-server-{arch}-{quant}{'-tp%d' % TP if TP > 1 else ''}.log"
+    log_path = out_dir / f"traps-server-{arch}-{quant}{PARALLEL_SUFFIX}.log"
     port = free_port()
     env = dict(os.environ, SGLANG_SM120_TRAPS="raise", SGLANG_SM120_TRAP_LOG=str(trap_log))
     if arch == DSA_ARCH:
@@ -111,7 +111,7 @@ def test_server_capture_and_mixed_load_under_traps(arch, quant, tiny_root, tmp_p
         sys.executable, "-m", "sglang.launch_server", "--model-path", str(model_dir),
         "--port", str(port), "--enable-piecewise-cuda-graph", *attention_flags(arch),
         "--max-running-requests", "512", "--mem-fraction-static", "0.7", "--skip-tokenizer-init",
-        "--tp-size", str(TP),
+        "--tp-size", str(TP), "--ep-size", str(EP),
     ]
     if MAX_TOKENS:  # a capped KV pool lets this server share the GPU with the correctness grid's engines
         cmd += ["--max-total-tokens", str(MAX_TOKENS)]

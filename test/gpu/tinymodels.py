@@ -45,8 +45,15 @@ def dsa_engine_kwargs() -> dict:
             for i, v in ((i, flags[i + 1]) for i in range(0, len(flags), 2))}
 
 
-# Tensor-parallel size of the engines the layerwise GPU tests start (2 on a 2-GPU host: issue 7).
+# Tensor- and expert-parallel sizes of the engines the layerwise GPU tests start (2 on a 2-GPU
+# host); sglang takes expert parallelism only over the whole TP group (ep_size == tp_size).
 TP = int(os.environ.get("SGLANG_SM120_TP", "1"))
+EP = int(os.environ.get("SGLANG_SM120_EP", "1"))
+if EP not in (1, TP):
+    raise ValueError(f"SGLANG_SM120_EP={EP}: expert parallelism spans the TP group, so it is 1 or "
+                     f"SGLANG_SM120_TP ({TP})")
+# result and log names of a parallel run: "", "-tp2" or "-tp2-ep2"
+PARALLEL_SUFFIX = (f"-tp{TP}" if TP > 1 else "") + (f"-ep{EP}" if EP > 1 else "")
 # SGLANG_SM120_GPU_MAX_TOKENS=N caps the KV pool of every engine/server the GPU tests start (so
 # several of them can share one GPU); None: sglang sizes it from --mem-fraction-static
 MAX_TOKENS = int(os.environ.get("SGLANG_SM120_GPU_MAX_TOKENS", "0")) or None

@@ -239,7 +239,10 @@ SETTINGS: Tuple[Setting, ...] = (
        minimum=0),
     _s("RESULTS_DIR", "path", None, "test",
        "GPU tests also write their result files (JSON, markdown) into this folder."),
-    _s("TP", "int", 1, "test", "GPU correctness test: tensor parallelism of every engine.", minimum=1),
+    _s("TP", "int", 1, "test", "Layerwise GPU tests (correctness grid, traps): tensor parallelism of every "
+       "engine and server.", minimum=1),
+    _s("EP", "int", 1, "test", "Layerwise GPU tests: expert parallelism of every engine and server, 1 or "
+       "SGLANG_SM120_TP (sglang spreads experts over the whole TP group).", minimum=1),
     _s("TINY_DIR", "path", None, "test",
        "Cache folder of the generated tiny models (default: a pytest temporary folder)."),
     _s("TEST_PARALLEL", "switch", True, "test",
