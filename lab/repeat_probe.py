@@ -83,9 +83,7 @@ def main(argv=None) -> int:
     # several servers share the GPU: test/gpu/server.py then raises the static fraction
     os.environ.setdefault("SGLANG_SM120_GPU_MAX_TOKENS", "2200000")
     import server as harness
-    from sglang.sm120.tiny.build import build
     from sglang.sm120.tiny.prompts import GENERATE_PROMPTS
-    from sglang.sm120.tiny.spec import default_spec
 
     t0 = time.time()
     lock = threading.Lock()
@@ -96,11 +94,7 @@ def main(argv=None) -> int:
 
     args.out.parent.mkdir(parents=True, exist_ok=True)
     for model in sorted({v["model"] for v in variants}):
-        path = args.models_dir / model
-        if not (path / "config.json").is_file():
-            arch, quant = model.rsplit("-", 1)
-            build(str(path), default_spec(arch, quant, 0), log=lambda m: None)
-            say(f"built {model} in {path}")
+        harness.tinymodels.tiny_model(args.models_dir, *model.rsplit("-", 1))
     payload = {"text": list(GENERATE_PROMPTS),
                "sampling_params": {"max_new_tokens": args.tokens, "temperature": 0.0, "ignore_eos": True}}
     threads = []

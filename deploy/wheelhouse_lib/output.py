@@ -81,7 +81,8 @@ def _write_piece(src: Path, offset: int, size: int, dst: Path) -> str:
 
 
 def _items(wheels: list[WheelEntry], cap: int) -> dict[str, int]:
-    """What pack() places: whole wheels, and the pieces of every wheel larger than `cap`."""
+    """What pack() places: whole wheels, and the pieces of every wheel larger than `cap` (set
+    here as each wheel's `pieces`; parts are assigned after packing)."""
     items = {}
     for w in wheels:
         w.part, w.pieces = "", []

@@ -67,6 +67,8 @@ def test_probe_counts_differing_repeats_per_variant_and_records_failures(tmp_pat
     fake.Server, fake.request_json = _FakeServer, _fake_request_json
     fake.server_args = lambda model: ["--base-flag"]
     fake.server_env = lambda model: {"BASE": "1"}
+    built = []
+    fake.tinymodels = types.SimpleNamespace(tiny_model=lambda root, arch, quant: built.append((arch, quant)))
     monkeypatch.setitem(sys.modules, "server", fake)
     monkeypatch.setattr(probe.time, "sleep", lambda s: None)
     models = tmp_path / "models"
@@ -76,7 +78,7 @@ def test_probe_counts_differing_repeats_per_variant_and_records_failures(tmp_pat
     rc = probe.main(["--out", str(out), "--models-dir", str(models), "--repeats", "4", "--tokens", "5",
                      "--variant", "steady m-bf16 --x 1", "--variant", "flaky m-bf16 K=2",
                      "--variant", "broken m-bf16"])
-    assert rc == 1
+    assert rc == 1 and built == [("m", "bf16")]
     got = {v["name"]: v for v in json.loads(out.read_text())["variants"]}
     assert got["steady"]["differing_repeats"] == 0 and got["steady"]["distinct_batches"] == 1
     assert got["steady"]["command"].endswith("--base-flag --x 1")

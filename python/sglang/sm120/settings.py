@@ -174,7 +174,7 @@ SETTINGS: Tuple[Setting, ...] = (
        "Marlin MoE (NVFP4 and other weight-only MoE on SM80-SM90) reduces in a fixed order instead "
        "of with atomic adds, so identical requests give identical outputs, as "
        "--enable-deterministic-inference does; for backends where sglang refuses that flag (DSA "
-       "models on FlashMLA). Read once when the MoE module loads.",
+       "models on FlashMLA). Read once, at the first Marlin MoE call.",
        off="atomic adds unless deterministic inference, upstream's rule"),
     # ---- runtime: NVFP4 kernels
     _s("KERNEL_LIB", "path", None, "runtime",
