@@ -1,12 +1,13 @@
 """Bookkeeping shared by the benchmark scripts: the commit measured, target records, results files.
 
-A results file is one JSON document per tag in benchmarks/results/; scripts that run in pieces
+A results file is one JSON document per tag (benchmarks/records.toml names the ones of record); scripts that run in pieces
 (one GPU-host command each) merge every piece into it, so the file always holds everything
 measured so far, with a top-level "targets" object ({name: {value, target, met}}).
 """
 from __future__ import annotations
 
 import datetime as dt
+import gzip
 import json
 import os
 import subprocess
@@ -42,8 +43,12 @@ def utc_now() -> str:
 
 
 def load(path: Path, empty: dict) -> dict:
-    """The document at path, or `empty` when there is none yet."""
-    return json.loads(path.read_text()) if path.exists() else dict(empty)
+    """The document at path (plain, or gzip-compressed as records over 16 KiB are kept), or
+    `empty` when there is none yet."""
+    if not path.exists():
+        return dict(empty)
+    raw = path.read_bytes()
+    return json.loads(gzip.decompress(raw) if path.name.endswith(".gz") else raw)
 
 
 def save(path: Path, doc: dict) -> None:

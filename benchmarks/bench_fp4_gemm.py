@@ -2,7 +2,7 @@
 
     PYTHONPATH=python python3 benchmarks/bench_fp4_gemm.py [--quick] [--shapes NAME,...]
 
-Writes benchmarks/results/fp4-gemm-<date>.json and .md (and copies them, plus the log, to $OUT when
+Writes benchmarks/results/fp4-gemm.json and .md (the date is in its meta; and copies them, plus the log, to $OUT when
 set). Every time is the median of CUDA-graph replays of one op per rotating weight copy (copies
 together larger than 2x L2), divided by the number of ops. Bandwidth is bytes moved over that time,
 as a percentage of a device-to-device copy measured in the same run. The SM120 table is a roofline
@@ -453,8 +453,8 @@ def main():
               "rows": rows, "sm120_estimate": est,
               "split_target_sweep": tuning, "elapsed_s": round(time.time() - t0, 1)}
     args.results_dir.mkdir(parents=True, exist_ok=True)
-    jpath = args.results_dir / f"fp4-gemm-{date}.json"
-    mpath = args.results_dir / f"fp4-gemm-{date}.md"
+    jpath = args.results_dir / "fp4-gemm.json"
+    mpath = args.results_dir / "fp4-gemm.md"
     jpath.write_text(json.dumps(result, indent=1))
     write_md(mpath, meta, rows, targets, extra, est, tuning)
     log(f"wrote {jpath} and {mpath}")

@@ -37,7 +37,7 @@ from _serving_report import FAST_VS_BS256, last_record, value  # noqa: E402
 KEEPS_UP = 0.95  # client tok/s / offered tok/s
 # What the client must carry for the 1.15x serving target at concurrency 1024 to be measurable:
 # 1.15 x upstream's output tok/s there in this H200 run.
-SERVING_RUN = _results.RESULTS / "serving-h200-tw4-2026-12-01.json"
+SERVING_RUN = _results.RESULTS / "serving-h200.json.gz"  # the serving result of record
 
 SERVER = textwrap.dedent(r'''
     import asyncio, json, sys

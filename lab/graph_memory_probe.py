@@ -50,7 +50,8 @@ def measure(n_graphs: int, kernels: int) -> dict:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", type=Path, required=True, help="where the JSON goes")
+    ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "scratch" / "graph-memory.json",
+                    help="where the JSON goes (default lab/scratch/, git-ignored)")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         print("graph_memory_probe: error: needs a CUDA GPU", file=sys.stderr)

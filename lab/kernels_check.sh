@@ -8,12 +8,12 @@
 #    synchronized and checked); if it fails, re-runs it under compute-sanitizer memcheck (names the
 #    faulting kernel and SASS offset) and prints the SASS around every reported offset;
 # 3. only if the smoke passes: pytest -m gpu test/gpu/test_kernels.py, then the quick benchmark.
-# Logs (at most 8 files) go to $OUT (default /tmp/kernels-check); a summary is printed last.
+# Logs (at most 8 files) go to $OUT (default lab/scratch/kernels-check, git-ignored); a summary is printed last.
 # Time caps (seconds, env): BUILD_CAP 240, SMOKE_CAP 150, SANITIZER_CAP 240, PYTEST_CAP 160,
 # BENCH_CAP 130 (the benchmark stops starting shapes after BENCH_BUDGET=80; 0 skips it).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-OUT="${OUT:-/tmp/kernels-check}"
+OUT="${OUT:-$PWD/lab/scratch/kernels-check}"
 mkdir -p "$OUT"
 export CUDA_HOME="${CUDA_HOME:-/usr/local/cuda}"
 export PATH="$CUDA_HOME/bin:$PATH"

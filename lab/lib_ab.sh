@@ -6,12 +6,12 @@
 #   RUNS="base new new.2 base.2" bash lab/lib_ab.sh
 # A run NAME[.N] uses .gpu/NAME/libsm120_kernels.so (.N repeats a library: ABBA orders cancel drift
 # between processes). Env: SH (the --shapes list), MS (default 1,4,8,16), KERNELS (default auto: the
-# plan's kernel; e.g. split), OUT (default /tmp/lib-ab). Use it for a change whose effect is
+# plan's kernel; e.g. split), OUT (default lab/scratch/lib-ab, git-ignored). Use it for a change whose effect is
 # smaller than the drift between processes (a fill size, a pipeline depth).
 set -u
 cd "$(dirname "$0")/.."
 export PYTHONPATH=$PWD/python
-export OUT=${OUT:-/tmp/lib-ab} KERNELS=${KERNELS:-auto}
+export OUT=${OUT:-$PWD/lab/scratch/lib-ab} KERNELS=${KERNELS:-auto}
 mkdir -p "$OUT"
 : "${RUNS:?set RUNS, e.g. RUNS=\"base new new.2 base.2\"}"
 export RUNS

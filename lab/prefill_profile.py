@@ -10,8 +10,8 @@ its torch profiler on the prefill of each batch (GPU activity only, so the host 
 the last trace per token count (the second pass: compiles paid) is read here. Per trace: the
 span from the first kernel's start to the last one's end, the time some kernel ran (busy), the
 rest (idle: the GPU waited for the host or a graph launch), and GPU time by kernel group and the
-largest kernels. Writes benchmarks/results/prefill-profile-TAG.{json,md}; a diagnostic, its
-`targets` object is empty.
+largest kernels. Writes lab/scratch/prefill-profile-TAG.{json,md} (or under --results-dir); a
+diagnostic, not a result of record: its `targets` object is empty.
 """
 from __future__ import annotations
 
@@ -143,7 +143,8 @@ def main(argv=None) -> int:
                     default=["upstream", "layerwise", "layerwise_fa2_prefill"])
     ap.add_argument("--tokens", nargs="+", type=int, choices=sorted(br.PREFILL_BS), default=[1024, 4096])
     ap.add_argument("--timeout", type=int, default=400, help="per configuration, seconds")
-    ap.add_argument("--results-dir", default=str(br.RESULTS))
+    ap.add_argument("--results-dir", default=str(Path(__file__).resolve().parent / "scratch"),
+                    help="where prefill-profile-TAG.{json,md} go (default lab/scratch/, git-ignored)")
     ap.add_argument("--workdir", default=None)
     args = ap.parse_args(argv)
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="prefill_profile_"))

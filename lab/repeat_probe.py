@@ -72,7 +72,8 @@ def main(argv=None) -> int:
     ap.add_argument("--variant", action="append", required=True, help="'NAME MODEL [WORD...]' (see above)")
     ap.add_argument("--repeats", type=int, default=12)
     ap.add_argument("--tokens", type=int, default=32, help="max_new_tokens of every request")
-    ap.add_argument("--out", required=True, type=Path, help="result JSON; server logs beside it")
+    ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "scratch" / "repeat-probe.json",
+                    help="result JSON; server logs beside it (default lab/scratch/, git-ignored)")
     ap.add_argument("--models-dir", type=Path, default=Path(os.environ.get("SGLANG_SM120_TINY_DIR", "/tmp/sm120-tiny")))
     args = ap.parse_args(argv)
     variants = [parse_variant(t) for t in args.variant]

@@ -63,14 +63,14 @@ def test_every_flag_parses_under_the_installed_sglang(monkeypatch):
 
 
 def test_the_queue_steps_default_variants_parse_under_the_installed_sglang(monkeypatch):
-    """Every default variant of measure_all.sh's repeat-probe step names a built tiny model and
+    """Every default variant of gpu_queue.sh's repeat-probe step names a built tiny model and
     flags the installed upstream accepts, on top of the test servers' own."""
     import re
 
     from repo_scripts import REPO, load
 
     probe = load("lab/repeat_probe.py")
-    text = (REPO / "lab/measure_all.sh").read_text()
+    text = (REPO / "benchmarks/gpu_queue.sh").read_text()
     specs = re.search(r'REPEAT_PROBE_VARIANTS:-([^}]*)\}', text).group(1).split(";")
     server = _server_module(monkeypatch, None)
     assert len(specs) >= 2

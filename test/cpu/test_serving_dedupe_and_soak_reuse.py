@@ -219,6 +219,6 @@ def test_client_ceiling_reads_a_synthetic_decode_loop_with_upstreams_client(tmp_
     t = client_ceiling.targets(r, needed=None)
     assert t["client_keeps_up_with_offered"]["value"] == r["client_vs_offered"]
     assert t["client_carries_the_c1024_serving_target"] == {
-        "value": None, "target": "1.15 x upstream at concurrency 1024 (no figure in serving-h200-tw4-2026-12-01.json)",
+        "value": None, "target": "1.15 x upstream at concurrency 1024 (no figure in serving-h200.json.gz)",
         "met": False}  # no serving run to compare with: never met
     assert client_ceiling.needed_tok_s(client_ceiling.SERVING_RUN) == round(1.15 * 8131.9661, 1)

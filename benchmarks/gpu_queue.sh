@@ -1,9 +1,14 @@
 #!/usr/bin/env bash
-# The H200 measurement queue: the project's GPU benchmarks and long GPU tests one after another,
+# The GPU measurement queue: the project's GPU benchmarks and long GPU tests one after another,
 # meant to run as one background job that outlives the host's 10-minute calls:
 #
-#   bash deploy/bg.sh start measure -- bash lab/measure_all.sh RESULTS [STEP...]
-#   bash deploy/bg.sh wait measure 560       # in each following call; then copy RESULTS
+#   bash deploy/bg.sh start measure -- bash benchmarks/gpu_queue.sh RESULTS [STEP...]
+#   bash deploy/bg.sh wait measure 560       # in each following call; then copy RESULTS back
+#   python benchmarks/status.py --take RESULTS   # here: the outputs of record -> benchmarks/results/
+#
+# RESULTS is a scratch folder; benchmarks/records.toml says which of its files are results of
+# record. The lab steps (fp4-ab, w4a16-timeline, fp4-ncu, graph-memory, prefill-profile,
+# repeat-probe) are probes: their outputs stay in RESULTS and are never records.
 #
 # Steps (with none named, the list in STEPS=(...) below, most wanted first; each has its own cap in seconds):
 #   lean-moe     test_lean_moe.py: the lean eager MoE vs upstream's on real Triton kernels, bit for
@@ -75,6 +80,8 @@
 #   serving-tw4  serving-soak with the streaming path widened the same way for every server:
 #                4 tokenizer workers (upstream's --tokenizer-worker-num) and 4 bench_serving
 #                clients, so the GPU side rather than one Python process sets the c1024 figure  2700
+#                -> RESULTS/serving-h200.{json,md} and soak-h200.json, the serving records (serving
+#                and serving-soak write tag h200-tw1, the soak step h200-alone)
 # Needs the fork importable (PYTHONPATH=/tmp/site:python on the H200 host) and the kernel library:
 # the installed fork's own, or the tree's once the kernels step built it there (the later steps
 # then use that one through SGLANG_SM120_KERNEL_LIB; set it yourself to use another).
@@ -89,7 +96,7 @@ STEPS=("$@")
 [ ${#STEPS[@]} -gt 0 ] || STEPS=(correctness-full correctness-alone prefill-fa2 runner zero-copy traps kernels fp4 lean-moe prefill-profile correctness graph-memory fp4-ncu moe-profile eager-warmup)
 KNOWN="repeat-probe glm5-launch-line sm120-check fp4-selfcheck gpu-suite lean-moe kernels fp4 fp4-ab w4a16-timeline fp4-ncu graph-memory runner prefill-profile prefill-fa2 zero-copy moe-profile traps correctness correctness-full correctness-alone eager-warmup client-ceiling serving soak serving-diag serving-soak serving-tw4"
 for s in "${STEPS[@]}"; do  # all checked before the first one starts
-  case " $KNOWN " in *" $s "*) ;; *) echo "measure_all.sh: unknown step $s ($KNOWN)"; exit 2 ;; esac
+  case " $KNOWN " in *" $s "*) ;; *) echo "gpu_queue.sh: unknown step $s ($KNOWN)"; exit 2 ;; esac
 done
 TREE_LIB="$PWD/python/sglang/sm120/kernels/lib"
 PY="${PYTHON:-python3}"
@@ -226,7 +233,7 @@ for s in "${STEPS[@]}"; do
         --results-dir "$RES" --workdir "$RES/eager-warmup-work"
       ;;
     serving)
-      step serving 1800 "$PY" benchmarks/bench_serving_matrix.py --tag h200 --results-dir "$RES" \
+      step serving 1800 "$PY" benchmarks/bench_serving_matrix.py --tag h200-tw1 --results-dir "$RES" \
         --workdir "$RES/serving-work" --copy-to "$RES/serving-copy" ;;
     client-ceiling)
       step client-ceiling 180 "$PY" benchmarks/client_ceiling.py --out "$RES/client-ceiling.json" ;;
@@ -235,14 +242,14 @@ for s in "${STEPS[@]}"; do
         --concurrency 1024 --client-procs 4 --then-soak 10 --results-dir "$RES" \
         --workdir "$RES/serving-work" --copy-to "$RES/serving-copy" ;;
     serving-soak)
-      step serving-soak 2700 "$PY" benchmarks/bench_serving_matrix.py --tag h200 --then-soak 10 \
+      step serving-soak 2700 "$PY" benchmarks/bench_serving_matrix.py --tag h200-tw1 --then-soak 10 \
         --results-dir "$RES" --workdir "$RES/serving-work" --copy-to "$RES/serving-copy" ;;
     serving-tw4)
-      step serving-tw4 2700 "$PY" benchmarks/bench_serving_matrix.py --tag h200-tw4 --then-soak 10 \
+      step serving-tw4 2700 "$PY" benchmarks/bench_serving_matrix.py --tag h200 --then-soak 10 \
         --client-procs 4 --server-args "--tokenizer-worker-num 4" --results-dir "$RES" \
         --workdir "$RES/serving-work" --copy-to "$RES/serving-copy" ;;
     soak)
-      step soak 1200 "$PY" benchmarks/soak.py --tag h200 --minutes 10 --results-dir "$RES" \
+      step soak 1200 "$PY" benchmarks/soak.py --tag h200-alone --minutes 10 --results-dir "$RES" \
         --copy-to "$RES/soak-copy" ;;
   esac
 done
