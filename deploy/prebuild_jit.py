@@ -27,7 +27,7 @@ from pathlib import Path
 # (module, loader, arguments): a string argument names a torch attribute (a dtype), anything else
 # is passed as is. The first three are the NVFP4 (ModelOpt) path on SM80-SM90: linear layers and
 # MoE through Marlin (minutes each). The others are what the H200 compiled itself during the
-# 2026-12-01 jobs (tiny qwen3_moe / deepseek_v2, Qwen3-30B shapes; lab/archive/gpu-logs/2026-12-01-s4-jit-caches-after.txt),
+# 2026-12-01 jobs (tiny qwen3_moe / deepseek_v2, Qwen3-30B shapes; git tag records-archive: lab/archive/gpu-logs/2026-12-01-s4-jit-caches-after.txt),
 # seconds each but on the critical path of every server start.
 MODULES = {
     "gptq_marlin_repack": ("sglang.jit_kernel.gptq_marlin_repack", "_jit_gptq_marlin_repack_module", ()),
