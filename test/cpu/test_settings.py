@@ -1,6 +1,6 @@
 """sglang.sm120.settings: every SGLANG_SM120_* name the repository mentions is registered, the
-accessors validate, the overlay reads its variables only through them, and README.md carries
-the generated table."""
+accessors validate, the overlay reads its variables only through them, docs/settings.md carries
+the generated tables, and README.md names only registered variables and flags."""
 import ast
 import subprocess
 import sys
@@ -29,7 +29,7 @@ def test_every_name_the_repository_mentions_is_registered():
 def test_the_scan_reports_an_unregistered_name_and_skips_copies(tmp_path):
     (tmp_path / "tool.sh").write_text(f'echo "${{{UNREGISTERED}:-x}}" "$SGLANG_SM120_LEAN_MOE"\n')
     (tmp_path / "notes.md").write_text(UNREGISTERED)  # not a scanned kind
-    for skipped in (".venv/lib", "lab/archive", "build"):
+    for skipped in (".venv/lib", "lab/scratch", "build"):
         (tmp_path / skipped).mkdir(parents=True)
         (tmp_path / skipped / "old.py").write_text(f'os.environ["{UNREGISTERED}_TOO"]\n')
     found = settings.unregistered(settings.scanned_files(tmp_path))
@@ -184,22 +184,46 @@ def test_every_flag_the_patches_add_is_listed():
 def test_replace_block_and_the_command_line(tmp_path, capsys):
     doc = tmp_path / "README.md"
     doc.write_text(f"# title\n\n{settings.BEGIN_MARKER}\nstale\n{settings.END_MARKER}\n\nafter\n")
-    assert settings.main(["--write-readme", str(doc)]) == 0
+    assert settings.main(["--write-docs", str(doc)]) == 0
     content = doc.read_text()
     assert content.startswith("# title\n\n") and content.endswith(f"{settings.END_MARKER}\n\nafter\n")
     assert "stale" not in content and settings.marked_block(content) == settings.markdown()
-    assert settings.main(["--write-readme", str(doc)]) == 0 and doc.read_text() == content
+    assert settings.main(["--write-docs", str(doc)]) == 0 and doc.read_text() == content
     assert "already current" in capsys.readouterr().out
     assert settings.main(["--markdown"]) == 0 and capsys.readouterr().out == settings.markdown()
     doc.write_text("no markers\n")
-    assert settings.main(["--write-readme", str(doc)]) == 1
+    assert settings.main(["--write-docs", str(doc)]) == 1
     assert settings.BEGIN_MARKER in capsys.readouterr().err
 
 
-def test_readme_carries_the_generated_tables():
+def test_settings_doc_carries_the_generated_tables():
+    doc = (REPO / "docs" / "settings.md").read_text()
+    block = settings.marked_block(doc)
+    assert block is not None, (f"docs/settings.md lacks {settings.BEGIN_MARKER} ... {settings.END_MARKER}; add "
+                               "them and run: python -m sglang.sm120.settings --write-docs docs/settings.md")
+    assert block == settings.markdown(), ("docs/settings.md's tables are stale; run: "
+                                          "python -m sglang.sm120.settings --write-docs docs/settings.md")
+
+
+def _unknown_in_readme(text: str) -> list:
+    """Variables and table flags a README names that the registry lacks."""
+    import re
+
+    flags = {f.flag.split()[0] for f in settings.FLAGS}
+    named = set()
+    for flag in re.findall(r"^\| `(--[a-z0-9{},-]+)", text, re.M):  # `--a-{b,c}` names --a-b and --a-c
+        m = re.fullmatch(r"([^{]*)\{([^}]*)\}(.*)", flag)
+        named |= {m.group(1) + alt + m.group(3) for alt in m.group(2).split(",")} if m else {flag}
+    return sorted({n for n in settings.NAME_PATTERN.findall(text) if n not in settings.REGISTRY}
+                  | (named - flags))
+
+
+def test_readme_names_only_registered_variables_and_flags():
     readme = (REPO / "README.md").read_text()
-    block = settings.marked_block(readme)
-    assert block is not None, (f"README.md lacks {settings.BEGIN_MARKER} ... {settings.END_MARKER}; add "
-                               "them and run: python -m sglang.sm120.settings --write-readme README.md")
-    assert block == settings.markdown(), ("README.md's settings table is stale; run: "
-                                          "python -m sglang.sm120.settings --write-readme README.md")
+    assert settings.BEGIN_MARKER not in readme  # the full tables live in docs/settings.md
+    table = [n for n in settings.NAME_PATTERN.findall(readme) if f"| `{n}` |" in readme]
+    assert 10 <= len(set(table)) <= 20, "README's operator table: the handful of variables an operator sets"
+    assert _unknown_in_readme(readme) == []
+    sample = (f"| `{UNREGISTERED}` | 0 | x |\n| `--not-a-fork-flag` | x |\n| `SGLANG_SM120_PDL` | 1 | y |\n"
+              "| `--cuda-graph-backend-{decode,verify} layerwise` | z |\n")
+    assert _unknown_in_readme(sample) == ["--cuda-graph-backend-verify", "--not-a-fork-flag", UNREGISTERED]

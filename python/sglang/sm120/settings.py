@@ -1,8 +1,8 @@
 """Every `SGLANG_SM120_*` environment variable the project reads, and the CLI flags the fork adds.
 
 One registry (`SETTINGS`, `FLAGS`) with name, type, default, scope and effect; typed accessors
-that validate the value and raise an error naming the variable; the README table generated from
-it. Standard library only: importable by the build backend and tools without torch.
+that validate the value and raise an error naming the variable; the tables of docs/settings.md
+generated from it. Standard library only: importable by the build backend and tools without torch.
 
 Reading rules (accessor `get`): unset or empty (after stripping) -> the default; otherwise the
 value must parse as the registered type, else ValueError naming the variable, its value and what
@@ -14,7 +14,7 @@ through this module; the other scopes are registered so the table and the reposi
 (test/cpu/test_settings.py) cover them, and their readers keep parsing them where they are.
 
     python -m sglang.sm120.settings --markdown            # print the tables
-    python -m sglang.sm120.settings --write-readme README.md   # refresh the marked block
+    python -m sglang.sm120.settings --write-docs docs/settings.md   # refresh the marked block
 """
 from __future__ import annotations
 
@@ -354,7 +354,7 @@ SCANNED_SUFFIXES = (".py", ".sh", ".cu", ".cuh", ".h", ".patch")
 # Hidden folders (.venv, .cache, .git, ...) are skipped as well: they hold installed or generated
 # copies, not the project's files.
 SKIPPED_DIRS = {"__pycache__", "build", "dist", "node_modules"}
-SKIPPED_PATHS = {("lab", "archive")}
+SKIPPED_PATHS = {("lab", "scratch")}  # probe outputs (git-ignored)
 
 
 def scanned_files(root: Path) -> Iterable[Path]:
@@ -443,18 +443,18 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m sglang.sm120.settings", description=__doc__.splitlines()[0])
     group = ap.add_mutually_exclusive_group(required=True)
     group.add_argument("--markdown", action="store_true", help="print the tables")
-    group.add_argument("--write-readme", metavar="FILE", type=Path,
+    group.add_argument("--write-docs", metavar="FILE", type=Path,
                        help=f"replace the text between {BEGIN_MARKER} and {END_MARKER} in FILE")
     args = ap.parse_args(argv)
     if args.markdown:
         sys.stdout.write(markdown())
         return 0
     try:
-        changed = write_block(args.write_readme)
+        changed = write_block(args.write_docs)
     except (OSError, ValueError) as e:
-        print(f"error: {args.write_readme}: {e}", file=sys.stderr)
+        print(f"error: {args.write_docs}: {e}", file=sys.stderr)
         return 1
-    print(f"{args.write_readme}: settings block {'updated' if changed else 'already current'}")
+    print(f"{args.write_docs}: settings block {'updated' if changed else 'already current'}")
     return 0
 
 
