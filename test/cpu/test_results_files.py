@@ -28,7 +28,7 @@ def _status():
 
 def _copy(tmp_path: Path) -> Path:
     """The registry, the results and the status page, in a repository-shaped temporary folder."""
-    (tmp_path / "benchmarks").mkdir()
+    (tmp_path / "benchmarks").mkdir(parents=True)
     (tmp_path / "docs").mkdir()
     shutil.copy(REPO / "benchmarks" / "records.toml", tmp_path / "benchmarks")
     shutil.copytree(REPO / "benchmarks" / "results", tmp_path / "benchmarks" / "results")
@@ -120,3 +120,29 @@ def test_tracked_tree_is_small(tmp_path):
     (tmp_path / "big.log").write_bytes(b"x" * TREE_LIMIT_BYTES)
     subprocess.run(["git", "-C", str(tmp_path), "add", "big.log"], check=True)
     assert _tracked_bytes(tmp_path) >= TREE_LIMIT_BYTES
+
+
+def test_take_copies_a_runs_outputs_to_the_record_paths(tmp_path):
+    """`status.py --take RESULTS`: each registered output (and its report and log) found in a run's
+    folder becomes the record, compressed where the record is .gz; the records' own contents laid
+    out as a run would write them come back unchanged."""
+    status = _status()
+    run = tmp_path / "run"
+    for e in status.registry(REPO):
+        if not e.get("output"):
+            continue
+        out = run / e["output"]
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_bytes(json.dumps(status.read_doc(REPO / e["file"])).encode())
+        if e.get("md"):
+            shutil.copy(REPO / e["md"], out.with_suffix(".md"))
+    root = _copy(tmp_path / "repo")
+    for f in (root / "benchmarks/results").glob("*.json*"):
+        f.unlink()
+    taken = status.take(run, root)
+    assert len(taken) == sum(1 for e in status.registry(REPO) if e.get("output")) >= 15
+    for e in status.registry(REPO):
+        if e.get("output"):
+            assert status.read_doc(root / e["file"]) == status.read_doc(REPO / e["file"]), e["name"]
+            assert (root / e["file"]).name.endswith(".gz") == e["file"].endswith(".gz")
+    assert status.take(tmp_path / "empty", root) == []
