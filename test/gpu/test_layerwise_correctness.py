@@ -127,7 +127,7 @@ def mode_kwargs(mode: str, arch: str) -> dict:
 
 
 # ------------------------------------------------------------------------------------------------
-# results and their comparison (pure Python; test/cpu/test_runner_divergence.py covers them)
+# results and their comparison (pure Python; test/cpu/gpu_harness/test_runner_divergence.py covers them)
 # ------------------------------------------------------------------------------------------------
 @dataclass
 class Gen:

@@ -7,7 +7,7 @@ import pytest
 
 pytestmark = pytest.mark.base_independent
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 BG = REPO / "deploy" / "bg.sh"
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 CSRC = REPO / "csrc"
 sys.path.insert(0, str(REPO))
 from forkbuild import kernels as kb  # noqa: E402

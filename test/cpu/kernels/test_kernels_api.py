@@ -8,7 +8,7 @@ import pytest
 
 pytestmark = pytest.mark.base_independent
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def test_warps_accepts_4_and_8_only():

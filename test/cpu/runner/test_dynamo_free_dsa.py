@@ -19,7 +19,7 @@ import pytest
 
 import buildenv
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 PATCH = "0108-dynamo-free-dsa-indexer.patch"
 PATCHED_FILES = ("sglang/srt/layers/attention/dsa/dsa_indexer.py",
                  "sglang/srt/layers/attention/dsa_backend.py")

@@ -5,7 +5,7 @@ import subprocess
 import pytest
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 SCRIPT = REPO / "lab" / "measure_all.sh"
 
 

@@ -21,7 +21,7 @@ import buildenv
 
 from sglang.sm120.runner import config as C
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def _phase(backend, **kw):

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 TOOLS = REPO / "deploy"
 sys.path.insert(0, str(TOOLS))
 import flashinfer_aot as fa  # noqa: E402

@@ -6,7 +6,7 @@ import importlib
 import sys
 from pathlib import Path
 
-GPU_TESTS = str(Path(__file__).resolve().parents[1] / "gpu")
+GPU_TESTS = str(Path(__file__).resolve().parents[2] / "gpu")
 
 
 def _server_module(monkeypatch, max_tokens):

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-GPU_TESTS = str(Path(__file__).resolve().parents[1] / "gpu")
+GPU_TESTS = str(Path(__file__).resolve().parents[2] / "gpu")
 
 
 def _tinymodels(monkeypatch, tp, ep):

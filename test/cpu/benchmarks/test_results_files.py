@@ -7,7 +7,7 @@ import pytest
 
 pytestmark = pytest.mark.base_independent
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def test_every_results_json_has_a_targets_object():
