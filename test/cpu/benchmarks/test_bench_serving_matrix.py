@@ -13,13 +13,12 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[3]
-sys.path.insert(0, str(REPO / "benchmarks"))
 
-import _gpu_sampler  # noqa: E402
-import _serving_report as report  # noqa: E402
-import _soak_cases as cases  # noqa: E402
-import bench_serving_matrix as matrix  # noqa: E402
-import soak  # noqa: E402
+import _gpu_sampler
+import _serving_report as report
+import _soak_cases as cases
+import bench_serving_matrix as matrix
+import soak
 
 
 def upstream_record(completed=512, output_tps=9000.0, **over) -> dict:

@@ -15,13 +15,11 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[3]
-sys.path.insert(0, str(REPO / "benchmarks"))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import _gpu_sampler  # noqa: E402
-import bench_serving_matrix as matrix  # noqa: E402
-import soak  # noqa: E402
-from test_bench_serving_matrix import _FakeServer, _LocalSglang, _cell  # noqa: E402
+import _gpu_sampler
+import bench_serving_matrix as matrix
+import soak
+from test_bench_serving_matrix import _FakeServer, _LocalSglang, _cell
 
 SPEED = {"upstream_default": 9000.0, "upstream_bs256": 9100.0, "layerwise": 12000.0}
 

@@ -11,8 +11,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[3]
 CSRC = REPO / "csrc"
-sys.path.insert(0, str(REPO))
-from forkbuild import kernels as kb  # noqa: E402
+from forkbuild import kernels as kb
 
 pytestmark = [pytest.mark.nvcc, pytest.mark.base_independent]
 SMEM_LIMIT = 101_376  # SM120 per-block shared memory; kept on every arch (DESIGN.md)

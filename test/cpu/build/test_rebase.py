@@ -79,8 +79,8 @@ def test_series_not_matching_old_base_is_an_error():
 def test_cli_onto_pinned_release_is_identity(tmp_path):
     out = tmp_path / "rebase"
     base = load_pin().version
-    proc = subprocess.run([sys.executable, str(REPO / "tools" / "rebase.py"), "--from", base, "--onto", base,
-                           "--out", str(out)], capture_output=True, text=True, timeout=300)
+    proc = subprocess.run([sys.executable, "-m", "tools.rebase", "--from", base, "--onto", base,
+                           "--out", str(out)], capture_output=True, text=True, timeout=300, cwd=REPO)
     assert proc.returncode == 0, proc.stderr
     for f in series_dir().iterdir():
         assert (out / "patches" / f.name).read_bytes() == f.read_bytes(), f.name

@@ -12,7 +12,6 @@ import pytest
 
 from buildenv import REPO, load_pin, pinned_wheel, run_build, scratch_repo, series_dir
 
-sys_path_forkbuild = str(REPO)
 
 
 @pytest.fixture(scope="module")
@@ -112,9 +111,6 @@ def test_overlay_and_build_info_present(zips):
 
 
 def _series():
-    import sys
-
-    sys.path.insert(0, sys_path_forkbuild)
     from forkbuild.patches import load_series
 
     return load_series(series_dir())

@@ -8,10 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from deploy import flashinfer_aot as fa
+
 REPO = Path(__file__).resolve().parents[3]
-TOOLS = REPO / "deploy"
-sys.path.insert(0, str(TOOLS))
-import flashinfer_aot as fa  # noqa: E402
 
 if importlib.util.find_spec("flashinfer") is None:  # found, not imported: its arch is read at import
     pytest.skip("flashinfer is not installed", allow_module_level=True)
@@ -21,8 +20,8 @@ def _plan_names(arch: str) -> list:
     """Module names FlashInfer's own generators give the plan (a fresh process: FlashInfer reads
     its target arch at import), checked against the URI its wrappers look up."""
     code = (
-        "import json, sys; sys.path.insert(0, %r)\n"
-        "import flashinfer_aot as fa\n"
+        "import json\n"
+        "from deploy import flashinfer_aot as fa\n"
         "from flashinfer.prefill import get_batch_prefill_uri\n"
         "out = []\n"
         "for why, gen, args in fa.module_plan(%r):\n"
@@ -30,8 +29,8 @@ def _plan_names(arch: str) -> list:
         "    if gen == 'gen_batch_prefill_module': assert name == get_batch_prefill_uri(*args), name\n"
         "    out.append(name)\n"
         "print(json.dumps(out))\n"
-    ) % (str(TOOLS), arch)
-    env = dict(os.environ, FLASHINFER_CUDA_ARCH_LIST=arch)
+    ) % (arch,)
+    env = dict(os.environ, FLASHINFER_CUDA_ARCH_LIST=arch, PYTHONPATH=str(REPO))
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd="/")
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -112,7 +111,7 @@ def _cache(tmp_path, version):
 
 def _install(cache, site, tmp_path):
     env = dict(os.environ, JIT_DIR=str(tmp_path / "jit"), PYTHON=sys.executable)
-    return subprocess.run(["bash", str(TOOLS / "install_jitcache.sh"), str(cache), str(site)],
+    return subprocess.run(["bash", str(REPO / "deploy" / "install_jitcache.sh"), str(cache), str(site)],
                           capture_output=True, text=True, env=env)
 
 

@@ -15,18 +15,17 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[3]
-sys.path.insert(0, str(REPO / "deploy"))
+from deploy import wheelhouse
+from deploy.wheelhouse_lib.compat import Version
+from deploy.wheelhouse_lib.hostenv import HostListError, HostPackages, Target, load_host_list, parse_host_list
+from deploy.wheelhouse_lib.output import OutputError, WheelEntry, check_out_dir, write_wheelhouse
+from deploy.wheelhouse_lib.pack import PackError, pack, piece_spans
+from deploy.wheelhouse_lib.pipselect import PipSelector, sha256_of
+from deploy.wheelhouse_lib.policy import PolicyError, load_policy, parse_policy
+from deploy.wheelhouse_lib.resolve import Candidate, resolve
+from deploy.wheelhouse_lib.wheelfile import WheelError, read_metadata, rewrite_wheel, verify_record
 
-import wheelhouse  # noqa: E402
-from wheelhouse_lib.compat import Version  # noqa: E402
-from wheelhouse_lib.hostenv import HostListError, HostPackages, Target, load_host_list, parse_host_list  # noqa: E402
-from wheelhouse_lib.output import OutputError, WheelEntry, check_out_dir, write_wheelhouse  # noqa: E402
-from wheelhouse_lib.pack import PackError, pack, piece_spans  # noqa: E402
-from wheelhouse_lib.pipselect import PipSelector, sha256_of  # noqa: E402
-from wheelhouse_lib.policy import PolicyError, load_policy, parse_policy  # noqa: E402
-from wheelhouse_lib.resolve import Candidate, resolve  # noqa: E402
-from wheelhouse_lib.wheelfile import WheelError, read_metadata, rewrite_wheel, verify_record  # noqa: E402
+REPO = Path(__file__).resolve().parents[3]
 
 POLICY_HEAD = '[upstream]\nname = "root"\nversion = "1.0"\n'
 
@@ -137,7 +136,7 @@ class FakeIndex:
         self.asked: list[str] = []
 
     def select(self, requirements):
-        from wheelhouse_lib.compat import Requirement, canonicalize_name
+        from deploy.wheelhouse_lib.compat import Requirement, canonicalize_name
         out = {}
         for key, text in requirements.items():
             self.asked.append(text)
@@ -225,7 +224,7 @@ def test_pip_selector_skips_releases_that_do_not_support_the_target_python(monke
     releases = {"3.0": ">=3.12", "2.0": ">=3.11", "1.0": ">=3.8"}
 
     def fake_dry_run(reqs):
-        from wheelhouse_lib.compat import Requirement
+        from deploy.wheelhouse_lib.compat import Requirement
         req = Requirement(reqs[0])
         v = max((v for v in releases if req.specifier.contains(v)), key=Version)
         return {"pkg": Candidate("pkg", v, [], f"pkg-{v}-py3-none-any.whl", "", None, releases[v])}, ""
@@ -554,7 +553,7 @@ def test_cli_end_to_end_with_a_fake_index(tmp_path, monkeypatch, capsys):
             self.calls = 0
 
         def select(self, reqs):
-            from wheelhouse_lib.compat import Requirement
+            from deploy.wheelhouse_lib.compat import Requirement
             out = {}
             for key, text in reqs.items():
                 name = Requirement(text).name

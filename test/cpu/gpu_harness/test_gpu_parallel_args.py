@@ -13,13 +13,13 @@ GPU_TESTS = str(Path(__file__).resolve().parents[2] / "gpu")
 
 
 def _tinymodels(monkeypatch, tp, ep):
+    """test/gpu/tinymodels (on pytest.ini's pythonpath) imported afresh under these sizes."""
     for name, value in (("SGLANG_SM120_TP", tp), ("SGLANG_SM120_EP", ep)):
         if value is None:
             monkeypatch.delenv(name, raising=False)
         else:
             monkeypatch.setenv(name, str(value))
-    monkeypatch.syspath_prepend(GPU_TESTS)
-    sys.modules.pop("tinymodels", None)
+    monkeypatch.delitem(sys.modules, "tinymodels", raising=False)
     return importlib.import_module("tinymodels")
 
 

@@ -7,14 +7,12 @@ test's own functions on synthetic engine outputs.
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[3]
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "gpu"))
-C = pytest.importorskip("test_layerwise_correctness")
+C = pytest.importorskip("test_layerwise_correctness")  # test/gpu is on pytest.ini's pythonpath
 
 
 def _gen(tokens, lps, tops):
@@ -172,13 +170,13 @@ def test_kernel_match_follows_the_captured_prefill_attention():
 
 
 def test_rejudge_tool_on_archived_recorded_runs():
-    """lab/rejudge_correctness.py applies judge() to results files: the archived full-grid
+    """test/gpu/rejudge_correctness.py applies judge() to results files: the archived full-grid
     qwen3_moe bf16 runs (lab/archive/results) pass (FA3 default against the control's counts, FA2
     equal to the control cell by cell), the deepseek_v2 bf16 run fails (two bs-1 cells differ from
     upstream's own graphs)."""
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("rejudge", REPO / "lab" / "rejudge_correctness.py")
+    spec = importlib.util.spec_from_file_location("rejudge", REPO / "test" / "gpu" / "rejudge_correctness.py")
     tool = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(tool)
     res = REPO / "lab" / "archive" / "results"

@@ -2,8 +2,6 @@
 import pytest
 from repo_scripts import load
 
-pytestmark = pytest.mark.base_independent
-
 probe = load("lab/repeat_probe.py")
 
 
@@ -27,7 +25,7 @@ def test_first_difference(a, b, where):
 
 
 class _FakeServer:
-    """Stands in for test/gpu/server.Server: its name picks how its repeats answer."""
+    """Stands in for sglang.sm120.launcher.Server: its name picks how its repeats answer."""
     calls = {}
 
     def __init__(self, name, model_dir, log_path, args, env):
@@ -60,16 +58,16 @@ def _fake_request_json(url, payload, timeout):
 
 def test_probe_counts_differing_repeats_per_variant_and_records_failures(tmp_path, monkeypatch):
     import json
-    import sys
-    import types
 
-    fake = types.ModuleType("server")
-    fake.Server, fake.request_json = _FakeServer, _fake_request_json
-    fake.server_args = lambda model: ["--base-flag"]
-    fake.server_env = lambda model: {"BASE": "1"}
+    from sglang.sm120 import launcher
+    from sglang.sm120.tiny import serving
+
+    monkeypatch.setattr(launcher, "Server", _FakeServer)
+    monkeypatch.setattr(launcher, "request_json", _fake_request_json)
+    monkeypatch.setattr(serving, "server_args", lambda model: ["--base-flag"])
+    monkeypatch.setattr(serving, "server_env", lambda model: {"BASE": "1"})
     built = []
-    fake.tinymodels = types.SimpleNamespace(tiny_model=lambda root, arch, quant: built.append((arch, quant)))
-    monkeypatch.setitem(sys.modules, "server", fake)
+    monkeypatch.setattr(serving, "tiny_model", lambda root, arch, quant: built.append((arch, quant)))
     monkeypatch.setattr(probe.time, "sleep", lambda s: None)
     models = tmp_path / "models"
     (models / "m-bf16").mkdir(parents=True)

@@ -20,7 +20,7 @@ pytest.importorskip("sglang.srt.model_executor.runner_backend.full_cuda_graph_ba
 from sglang.sm120.runner import boundary  # noqa: E402
 from sglang.sm120.runner.backend import LayerwiseDecodeBackend  # noqa: E402
 from sglang.sm120.runner.boundary import boundary_active, cross  # noqa: E402
-from sglang.sm120.runner.cpu_graph import RecordingGraph  # noqa: E402
+from cpu_graph import RecordingGraph  # noqa: E402
 from sglang.srt.model_executor.runner.shape_key import ShapeKey  # noqa: E402
 from test_runner_segments import MOE_SCALE, ToyModel, ToyMoE, moe_scale_provider  # noqa: E402
 

@@ -24,7 +24,7 @@ from sglang.sm120.runner.boundary import (
     boundary_active,
     cross,
 )
-from sglang.sm120.runner.cpu_graph import HostSyncInCapture, RecordingGraph
+from cpu_graph import HostSyncInCapture, RecordingGraph
 from sglang.sm120.runner.layerwise import capture_size
 from sglang.sm120.runner.segments import SegmentCapture, SegmentedGraph, StreamForkTracker
 

@@ -4,9 +4,7 @@ import sys
 import zipfile
 
 from buildenv import REPO, pinned_wheel
-
-sys.path.insert(0, str(REPO / "tools"))
-import cpu_test_requirements as ctr  # noqa: E402
+from tools import cpu_test_requirements as ctr
 
 
 def _wheel(path, requires):
@@ -23,17 +21,17 @@ def test_skips_gpu_kernel_packages_and_extras_keeps_the_rest(tmp_path):
     assert kept == ["torch==2.11.0", 'av; sys_platform == "linux"', "flashinfer_python[cu13]==0.6.14"]
     assert skipped == ["sglang_kernel==0.4.5", "Tokenspeed.MLA==0.1.8"]
 
-    proc = subprocess.run([sys.executable, str(REPO / "tools" / "cpu_test_requirements.py"),
+    proc = subprocess.run([sys.executable, "-m", "tools.cpu_test_requirements",
                            str(_wheel(tmp_path / "demo-1.0-py3-none-any.whl", reqs))],
-                          capture_output=True, text=True)
+                          capture_output=True, text=True, cwd=REPO)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines() == kept
     assert "skips sglang_kernel==0.4.5: sgl_kernel's CUDA ops" in proc.stderr
 
 
 def test_bad_arguments_fail_with_usage(tmp_path):
-    proc = subprocess.run([sys.executable, str(REPO / "tools" / "cpu_test_requirements.py"), "x.tar.gz"],
-                          capture_output=True, text=True)
+    proc = subprocess.run([sys.executable, "-m", "tools.cpu_test_requirements", "x.tar.gz"],
+                          capture_output=True, text=True, cwd=REPO)
     assert proc.returncode == 2 and "usage" in proc.stderr
 
 

@@ -7,14 +7,15 @@ from buildenv import scratch_repo, series_dir
 
 
 def refresh(repo, *args):
-    return subprocess.run([sys.executable, str(repo / "tools" / "refresh.py"), *args],
-                          capture_output=True, text=True, timeout=300)
+    return subprocess.run([sys.executable, "-m", "tools.refresh", *args],
+                          capture_output=True, text=True, timeout=300, cwd=repo)
 
 
 def test_update_roundtrip_and_new_patch(tmp_path):
     repo = scratch_repo(tmp_path / "repo")
     (repo / "tools").mkdir()
-    shutil.copy(scratch_repo.__globals__["REPO"] / "tools" / "refresh.py", repo / "tools" / "refresh.py")
+    for name in ("__init__.py", "refresh.py"):
+        shutil.copy(scratch_repo.__globals__["REPO"] / "tools" / name, repo / "tools" / name)
     name = "0001-fork-version-identity.patch"
     original = (series_dir(repo) / name).read_text()
     tree = tmp_path / "tree"

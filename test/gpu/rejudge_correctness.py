@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Apply the GPU correctness test's current rule (`judge` in test/gpu/test_layerwise_correctness.py)
-to recorded results files (benchmarks/results/layerwise-correctness-*.json), without a GPU.
+"""Apply the GPU correctness test's current rule (`judge` in test_layerwise_correctness.py, beside
+this script) to recorded results files (benchmarks/results/layerwise-correctness-*.json), without a GPU.
 
 Why: upstream's own CUDA graphs break fixed absolute limits on the tiny bf16 models, so the rule
 is relative to a control; recorded runs may predate it, and this says what they give under the rule
@@ -9,21 +9,19 @@ hold per-cell counts, not per-prompt tokens, so where layerwise must equal the c
 prompt (same kernels), "every cell of the mode equals the control's cell" stands in for it, and a
 difference is counted in cells, not prompts.
 
-    python lab/rejudge_correctness.py benchmarks/results/layerwise-correctness-*-s10.json
-    python lab/rejudge_correctness.py --same-kernels FILE ...   # the captured prefill ran on FA2
+    python test/gpu/rejudge_correctness.py benchmarks/results/layerwise-correctness-*.json
+    python test/gpu/rejudge_correctness.py --same-kernels FILE ...   # the captured prefill ran on FA2
 """
 from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
-
-REPO = Path(__file__).resolve().parents[1]
 
 
 def _rules():
-    sys.path.insert(0, str(REPO / "test" / "gpu"))
+    """The test module (run as a script, this folder is on sys.path; imported by a CPU test, it
+    is on pytest's): no GPU is touched at import."""
     import test_layerwise_correctness as rules
 
     return rules

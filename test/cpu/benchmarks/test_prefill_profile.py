@@ -1,4 +1,4 @@
-"""lab/prefill_profile.py's trace reading without a GPU."""
+"""benchmarks/prefill_profile.py's trace reading without a GPU."""
 import gzip
 import json
 
@@ -10,7 +10,7 @@ pytestmark = pytest.mark.base_independent
 
 @pytest.fixture(scope="module")
 def prof():
-    return repo_scripts.load("lab/prefill_profile.py")
+    return repo_scripts.load("benchmarks/prefill_profile.py")
 
 
 def _k(name, ts, dur, cat="kernel"):

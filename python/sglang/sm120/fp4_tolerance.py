@@ -1,4 +1,5 @@
-"""The GEMM tolerance every correctness check of the fork uses (docs/kernels.md, test_kernels.py):
+"""The NVFP4 GEMM tolerance and reference product every correctness check of the fork uses: the
+server's self-check (fp4_selfcheck), `python -m sglang.sm120 check`, the kernel tests (docs/kernels.md):
 
     |y - ref| <= 2^-8 * |ref| + 2^-14 * (|x| @ |W|^T)
 
@@ -42,6 +43,11 @@ def exact_dequant(packed: torch.Tensor, scales: torch.Tensor, decode_scale) -> t
     vals = F.e2m1_codes_to_float(F.unpack_e2m1(packed))
     sf = scales.view(torch.float8_e4m3fn).float().repeat_interleave(16, dim=1)
     return vals * sf * float(decode_scale)
+
+
+def reference_gemm(xd: torch.Tensor, wd: torch.Tensor):
+    """(ref, absref) of fp32 operands (dequantized exactly): x @ W^T, and |x| @ |W|^T for the bound."""
+    return xd @ wd.t(), xd.abs() @ wd.abs().t()
 
 
 def compare(y: torch.Tensor, ref: torch.Tensor, absref: torch.Tensor) -> Comparison:

@@ -1,10 +1,12 @@
-"""Harness: run `python -m sglang.launch_server` as a subprocess for the GPU serving tests.
+"""Run `python -m sglang.launch_server` as a child process: start, wait until ready, stop, log.
 
-Each server gets a free port, its own process group (so teardown can stop every process it
-spawned; it stays in the test run's session and gets SIGTERM if the test process dies) and a
-log file. `wait_ready` polls /health and fails with the log tail; `stop` sends
-SIGTERM to the server's main process, kills the whole group after a timeout, and reports whether
-the shutdown was clean (every process exited on that SIGTERM alone and the port is free again).
+One launcher for the demo, the GPU tests, the benchmarks and the lab probes. Each server gets a
+free port, a process group of its own (so `stop` reaches every process it spawned; it stays in
+the caller's session and gets SIGTERM when the caller dies) and a log file (or the caller's
+terminal). `wait_ready` polls a readiness URL and fails with the log tail; `stop` sends SIGTERM
+to the server's main process, kills the whole group after a timeout, and reports whether the
+shutdown was clean (every process exited on that SIGTERM alone and the port is free again).
+The flags a server gets are the caller's: this module adds only host, port, model and name.
 """
 from __future__ import annotations
 
@@ -21,87 +23,8 @@ import urllib.request
 from dataclasses import dataclass, field
 from typing import Callable, List, Optional
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import tinymodels  # noqa: E402 (the DSA model's flags, shared with the engine tests)
-
-# Server flags for the tests, chosen to start fast on a fresh H200 host (sglang 0.5.16 names).
-# Replace the whole list with SGLANG_SM120_TEST_SERVER_ARGS="..." (shell syntax).
-DEFAULT_SERVER_ARGS: List[str] = [
-    # Triton attention: FlashInfer attention JIT-compiles with nvcc at first use (minutes) and the
-    # host's sgl_kernel has no FA3. Triton's MLA kernels special-case the MLA head sizes used here.
-    "--attention-backend", "triton",
-    # PyTorch sampling: no FlashInfer sampling JIT.
-    "--sampling-backend", "pytorch",
-    # No CUDA graphs: upstream's capture of MoE models takes minutes, longer than this test server should wait.
-    "--cuda-graph-backend-decode", "disabled",
-    "--cuda-graph-backend-prefill", "disabled",
-    # Every request computed from scratch: repeated greedy requests and teacher-forced logprobs
-    # are exactly comparable (a radix-cache hit would change the prefill shapes).
-    "--disable-radix-cache",
-    # A batched /generate reaches the scheduler as one message, so a repeated batch is prefilled
-    # and decoded in the same batch shapes (sent request by request, two identical batches of
-    # three prompts were prefilled as 1+2, then as 2+1): the repeat test then compares like with
-    # like on stacks that are not batch-invariant.
-    "--enable-tokenizer-batch-encode",
-    # Small static memory and KV pool: several servers share one GPU during the session.
-    "--mem-fraction-static", "0.15",
-    "--max-total-tokens", "65536",
-    "--max-running-requests", "32",
-    # The first forward may wait minutes on JIT compiles (Marlin, Triton, FlashInfer routing);
-    # the default watchdog (300 s) would kill the server.
-    "--watchdog-timeout", "1200",
-    "--grammar-backend", "none",
-    "--random-seed", "0",
-]
-
-ENV_SERVER_ARGS = "SGLANG_SM120_TEST_SERVER_ARGS"
-
-# The served tiny models, "<arch>-<quant>" (built with seed 0 by the session).
-TINY_MODELS = ["qwen3_moe-bf16", "qwen3_moe-nvfp4", "deepseek_v2-bf16", "deepseek_v2-nvfp4",
-               "glm_moe_dsa-bf16", "glm_moe_dsa-nvfp4", "glm4_moe-bf16", "glm4_moe-nvfp4"]
-
-# Extra flags by model suffix. NVFP4 runs through Marlin on SM80-SM90, whose MoE reduces with
-# atomic adds: identical greedy requests diverged on the H200 (first run) until deterministic
-# inference turned that off (patch 0302).
-# The DSA model's flags (tinymodels.dsa_flags) come last, so its attention backend wins over the
-# default triton.
-EXTRA_SERVER_ARGS = {"-nvfp4": ["--enable-deterministic-inference"]}
-
-
-# Beside other GPU jobs (tinymodels.MAX_TOKENS set): sglang sizes the KV pool from the memory
-# still free minus (1 - fraction) x the GPU's total, so 0.15 would need 85% of the GPU free; a
-# high fraction with the pool capped at the same 65536 tokens starts while others hold memory.
-SHARED_GPU_MEM_FRACTION = "0.7"
-
-
-def server_args(model: str = "") -> List[str]:
-    raw = os.environ.get(ENV_SERVER_ARGS)
-    base = shlex.split(raw) if raw is not None else list(DEFAULT_SERVER_ARGS)
-    if raw is None and tinymodels.MAX_TOKENS:
-        base[base.index("--mem-fraction-static") + 1] = SHARED_GPU_MEM_FRACTION
-    extra = [a for suffix, more in EXTRA_SERVER_ARGS.items() if model.endswith(suffix) for a in more]
-    if model.startswith(tinymodels.DSA_ARCH + "-"):
-        # sglang refuses --enable-deterministic-inference for DeepSeek-family models unless the
-        # attention backend is fa3 or triton; server_env asks patch 0302 for the ordered reduce
-        extra = [a for a in extra if a != DETERMINISTIC_FLAG] + tinymodels.dsa_flags()
-    return base + extra
-
-
-DETERMINISTIC_FLAG = "--enable-deterministic-inference"
-
-
-def server_env(model: str = "") -> dict:
-    """Environment additions of a model's server: for the DSA model the prefill threshold and,
-    in place of the refused flag, the fork's Marlin MoE ordered reduce (patch 0302; sglang resets
-    SGLANG_ENABLE_DETERMINISTIC_INFERENCE to 0 whenever the flag is off, so that variable is no
-    substitute)."""
-    if not model.startswith(tinymodels.DSA_ARCH + "-"):
-        return {}
-    env = tinymodels.dsa_env()
-    if any(DETERMINISTIC_FLAG in extra and model.endswith(suffix)
-           for suffix, extra in EXTRA_SERVER_ARGS.items()):
-        env["SGLANG_SM120_MARLIN_MOE_ORDERED_REDUCE"] = "1"
-    return env
+# Addresses a server listens on that a client cannot connect to as such.
+_WILDCARD_HOSTS = ("0.0.0.0", "::", "")
 
 
 def free_port() -> int:
@@ -120,7 +43,9 @@ def port_is_free(port: int) -> bool:
             return False
 
 
-def log_tail(path: str, lines: int = 40) -> str:
+def log_tail(path: Optional[str], lines: int = 40) -> str:
+    if path is None:
+        return "(no log file: the server wrote to the terminal)"
     try:
         with open(path, "rb") as f:
             f.seek(0, os.SEEK_END)
@@ -143,6 +68,8 @@ class HTTPStatusError(RuntimeError):
 
 
 def request_json(url: str, payload: Optional[dict] = None, timeout: float = 120.0):
+    """GET (no payload) or POST `payload` as JSON; the decoded answer. HTTPStatusError on an
+    HTTP error status, with the body."""
     data = None if payload is None else json.dumps(payload).encode()
     req = urllib.request.Request(url, data=data, method="GET" if payload is None else "POST",
                                  headers={"Content-Type": "application/json"})
@@ -175,12 +102,16 @@ class ShutdownReport:
 
 @dataclass
 class Server:
-    name: str
-    model_dir: str
-    log_path: str
-    args: List[str] = field(default_factory=server_args)
+    name: str                  # --served-model-name
+    model_dir: str             # a local checkpoint: the Hugging Face Hub is never asked
+    log_path: Optional[str]    # the server's stdout and stderr; None: the caller's terminal
+    args: List[str] = field(default_factory=list)
     env: dict = field(default_factory=dict)
     port: int = field(default_factory=free_port)
+    host: str = "127.0.0.1"
+    # sglang answers /health with 503 until its warmup request has generated; /health_generate
+    # runs a generation of its own on every poll
+    ready_path: str = "/health"
     proc: Optional[subprocess.Popen] = None
     started_at: float = 0.0
     ready_seconds: Optional[float] = None
@@ -188,29 +119,34 @@ class Server:
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        host = "127.0.0.1" if self.host in _WILDCARD_HOSTS else self.host
+        return f"http://{host}:{self.port}"
 
     def command(self) -> List[str]:
         return [sys.executable, "-m", "sglang.launch_server", "--model-path", self.model_dir,
-                "--host", "127.0.0.1", "--port", str(self.port),
+                "--host", self.host, "--port", str(self.port),
                 "--served-model-name", self.name] + list(self.args)
 
     def start(self) -> None:
         env = dict(os.environ)
         env.update(self.env)
         env.setdefault("PYTHONUNBUFFERED", "1")
-        # Nothing outside the host is reachable: never try the Hub.
         env.setdefault("HF_HUB_OFFLINE", "1")
         env.setdefault("TRANSFORMERS_OFFLINE", "1")
-        os.makedirs(os.path.dirname(os.path.abspath(self.log_path)), exist_ok=True)
-        log = open(self.log_path, "ab")
-        log.write(("$ " + shlex.join(self.command()) + "\n").encode())
-        log.flush()
+        log = None
+        if self.log_path is not None:
+            os.makedirs(os.path.dirname(os.path.abspath(self.log_path)), exist_ok=True)
+            log = open(self.log_path, "ab")
+            log.write(("$ " + shlex.join(self.command()) + "\n").encode())
+            log.flush()
         self.started_at = time.time()
-        self.proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL, env=env,
-                                     preexec_fn=_own_group_die_with_parent)
-        log.close()  # the child holds its own descriptor
+        try:
+            self.proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT if log else None,
+                                         stdin=subprocess.DEVNULL, env=env,
+                                         preexec_fn=_own_group_die_with_parent)
+        finally:
+            if log is not None:
+                log.close()  # the child holds its own descriptor
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
@@ -221,8 +157,8 @@ class Server:
 
     def wait_ready(self, timeout: float, progress: Callable[[str], None] = lambda m: None,
                    every: float = 20.0) -> float:
-        """Block until GET /health answers 200 (sglang answers 503 until its warmup request
-        has generated). Returns seconds since start."""
+        """Block until GET `ready_path` answers 200. Returns seconds since start; ServerError when
+        the server exits first or `timeout` seconds pass."""
         if self.proc is None:
             raise ServerError(f"{self.name}: wait_ready before start")
         deadline = self.started_at + timeout
@@ -232,13 +168,12 @@ class Server:
             if rc is not None:
                 raise self._fail(f"server exited with code {rc} during startup "
                                  f"after {time.time() - self.started_at:.0f}s")
-            if _http_status(self.url + "/health", timeout=10.0) == 200:
+            if _http_status(self.url + self.ready_path, timeout=30.0) == 200:
                 self.ready_seconds = time.time() - self.started_at
                 return self.ready_seconds
             now = time.time()
             if now > deadline:
-                raise self._fail(f"/health not ready after {timeout:.0f}s (raise "
-                                 f"SGLANG_SM120_TEST_STARTUP_TIMEOUT if the host is just slow)")
+                raise self._fail(f"{self.ready_path} not ready after {timeout:.0f}s")
             if now >= next_note:
                 last = log_tail(self.log_path, 1).strip()[-160:]
                 progress(f"{self.name}: starting, {now - self.started_at:.0f}s; log: {last}")
@@ -289,8 +224,8 @@ class Server:
 
 def _own_group_die_with_parent() -> None:
     """In the child before exec: a process group of its own (so stop() can signal everything
-    the server spawns) but the same session as the test run (so whatever runs the tests can
-    still clean up after a hard kill), and SIGTERM when the test process dies."""
+    the server spawns) but the same session as the caller (so whatever runs the caller can
+    still clean up after a hard kill), and SIGTERM when the calling process dies."""
     os.setpgid(0, 0)
     try:
         import ctypes

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Where a prefill's GPU time goes: upstream `breakable` vs `layerwise`, kernel by kernel.
 
-    python lab/prefill_profile.py --tag h200 [--configs upstream layerwise layerwise_fa2_prefill] [--tokens 1024 4096]
+    python benchmarks/prefill_profile.py --tag h200 [--configs upstream layerwise layerwise_fa2_prefill] [--tokens 1024 4096]
 
 Why: where layerwise prefill takes longer than `breakable`, host time alone does not say why
 (docs/runner.md 5.6). Each configuration runs
@@ -27,10 +27,8 @@ import time
 from pathlib import Path
 from typing import Dict, Iterable, List, Tuple
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "benchmarks"))
-import bench_runner as br  # noqa: E402
-from _results import commit, save, utc_now  # noqa: E402
+import bench_runner as br
+from _results import commit, save, utc_now
 
 # substring of a kernel name (lower case) -> group; first match wins
 GROUPS: Tuple[Tuple[str, str], ...] = (
