@@ -60,7 +60,7 @@ class Log:
 # The timing harness lives in the overlay (the installed wheel carries it for
 # `python -m sglang.sm120 check`).
 from sglang.sm120.check.gemm_timing import (  # noqa: E402
-    bf16_bytes, copies_for, copy_bandwidth, fp4_bytes, launch_floor_us, load_marlin, marlin_copies, marlin_layer,
+    bf16_bytes, copies_for, copy_bandwidth, fp4_bytes, launch_floor_us, load_marlin, marlin_copies,
     marlin_ops, rotating_weights, select_shapes, shape_weight, shapes, time_ops)
 
 

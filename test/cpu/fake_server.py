@@ -9,6 +9,7 @@ them); --exit-at-start N exits with code N before listening.
 """
 import argparse
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -24,7 +25,8 @@ def main() -> None:
     ap.add_argument("--ignore-term", action="store_true")
     ap.add_argument("--child", action="store_true")
     a = ap.parse_args()
-    print(f"fake server starting on {a.port}", flush=True)
+    print(f"fake server starting on {a.port}; FAKE_GREETING={os.environ.get('FAKE_GREETING')} "
+          f"HF_HUB_OFFLINE={os.environ.get('HF_HUB_OFFLINE')}", flush=True)
     if a.exit_at_start is not None:
         print("fake server: refusing to start", flush=True)
         sys.exit(a.exit_at_start)

@@ -1,26 +1,16 @@
 """sglang.sm120.launcher on a stand-in server process (fake_server.py): start, wait until ready,
 stop the whole process group, the log, and the failures a caller must see."""
 import os
-import sys
-from pathlib import Path
 
 import pytest
+from fake_server import launcher_server
 
 from sglang.sm120 import launcher
 
-FAKE = str(Path(__file__).resolve().parent / "fake_server.py")
-
-
-class FakeServer(launcher.Server):
-    """The launcher with fake_server.py in place of sglang.launch_server (args are its flags)."""
-
-    def command(self):
-        return [sys.executable, FAKE, "--port", str(self.port), *self.args]
-
 
 def _fake(tmp_path, *flags, **kw):
-    return FakeServer(name="fake", model_dir=str(tmp_path), log_path=str(tmp_path / "logs" / "fake.log"),
-                      args=list(flags), **kw)
+    return launcher_server(name="fake", model_dir=str(tmp_path), log_path=str(tmp_path / "logs" / "fake.log"),
+                           args=list(flags), **kw)
 
 
 def test_the_command_names_model_host_port_and_name_then_the_callers_flags():
@@ -36,7 +26,7 @@ def test_the_command_names_model_host_port_and_name_then_the_callers_flags():
 
 
 def test_ready_after_the_health_check_passes_then_a_clean_stop_of_the_whole_group(tmp_path):
-    srv = _fake(tmp_path, "--healthy-after", "1.5", "--child", env={"FAKE_MARK": "1"})
+    srv = _fake(tmp_path, "--healthy-after", "1.5", "--child", env={"FAKE_GREETING": "bonjour"})
     srv.start()
     try:
         notes = []
@@ -52,8 +42,9 @@ def test_ready_after_the_health_check_passes_then_a_clean_stop_of_the_whole_grou
     assert launcher.group_members(srv.proc.pid) == [] and launcher.port_is_free(srv.port)
     assert srv.stop() is report  # idempotent
     log = (tmp_path / "logs" / "fake.log").read_text()
-    assert log.startswith("$ ") and FAKE in log.splitlines()[0]
+    assert log.startswith("$ ") and "fake_server.py --port" in log.splitlines()[0]
     assert "fake server listening" in log and "clean shutdown" in log
+    assert "FAKE_GREETING=bonjour HF_HUB_OFFLINE=1" in log  # the caller's additions, and never the Hub
 
 
 def test_a_group_that_ignores_sigterm_is_killed_and_the_stop_is_not_clean(tmp_path):
@@ -104,7 +95,7 @@ def test_an_http_error_carries_status_and_body(tmp_path):
 
 
 def test_without_a_log_file_the_server_writes_to_the_callers_terminal(tmp_path, capfd):
-    srv = FakeServer(name="fake", model_dir=str(tmp_path), log_path=None, args=["--exit-at-start", "4"])
+    srv = launcher_server(name="fake", model_dir=str(tmp_path), log_path=None, args=["--exit-at-start", "4"])
     srv.start()
     srv.proc.wait(timeout=30)
     assert "refusing to start" in capfd.readouterr().out

@@ -5,6 +5,7 @@ SGLANG_SM120_REQUIRE_INSTALLED=1, so there these tests cannot be skipped.
 """
 import importlib.metadata as md
 import json
+import os
 import shutil
 import subprocess
 import sys

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from buildenv import REPO, load_pin, pinned_wheel, run_build, scratch_repo, series_dir
+from buildenv import load_pin, pinned_wheel, run_build, scratch_repo, series_dir
 
 
 

@@ -47,6 +47,7 @@ from sglang.sm120.runner.lean_moe import LeanMoe  # noqa: E402
 from sglang.srt.layers.moe.fused_moe_triton import layer as layer_mod  # noqa: E402
 from sglang.srt.layers.moe.fused_moe_triton.layer import FusedMoE  # noqa: E402
 fm, mab = lean_moe._upstream()
+from sglang.srt.layers.moe.topk import StandardTopKOutput  # noqa: E402
 from sglang.srt.layers.moe.utils import MoeRunnerBackend  # noqa: E402
 from sglang.srt.runtime_context import get_context  # noqa: E402
 
