@@ -18,8 +18,8 @@ if sys.version_info < (3, 11):
           "the sglang-sm120 build needs CPython 3.11, 3.12 or 3.13", file=sys.stderr)
     raise SystemExit(1)
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
+# forkbuild/ sits beside this file: `python setup.py` has this folder on sys.path, and PEP 517
+# builds get it from pyproject.toml's backend-path.
 from forkbuild.errors import BuildError  # noqa: E402
 
 

@@ -2,8 +2,8 @@
 
 Model: a random-weight ModelOpt NVFP4 checkpoint with Qwen3-30B-A3B's shapes, made on the GPU by
 `python -m sglang.sm120.tiny.fullsize` (about 17.5 GB; reused when the directory already holds it).
-Servers: `python -m sglang.launch_server` through the GPU tests' harness (test/gpu/server.py: own
-process group, /health wait, SIGTERM then kill of the group).
+Servers: `python -m sglang.launch_server` through sglang.sm120.launcher (own process group,
+/health wait, SIGTERM then kill of the group).
 """
 from __future__ import annotations
 
@@ -18,8 +18,7 @@ from typing import Dict, List, Optional
 
 from _results import REPO
 
-sys.path.insert(0, str(REPO / "test" / "gpu"))
-import server as harness  # noqa: E402  (test/gpu/server.py)
+from sglang.sm120 import launcher
 
 DEFAULT_MODEL_DIR = "/tmp/sglang-sm120-fullsize/qwen3-30b-a3b-nvfp4"
 # Server flags per configuration, on top of common_flags().
@@ -86,15 +85,15 @@ def prepare_model(model_dir: str, layers: Optional[int], log=print) -> dict:
 
 
 def start_server(name: str, model_dir: str, flags: List[str], log_dir: Path,
-                 startup_timeout: float, log=print) -> "harness.Server":
+                 startup_timeout: float, log=print) -> launcher.Server:
     log_dir.mkdir(parents=True, exist_ok=True)
-    srv = harness.Server(name=name, model_dir=model_dir, log_path=str(log_dir / f"{name}.server.log"),
-                         args=list(flags))
+    srv = launcher.Server(name=name, model_dir=model_dir, log_path=str(log_dir / f"{name}.server.log"),
+                          args=list(flags))
     log(f"[server] {name}: {' '.join(srv.command())}")
     srv.start()
     try:
         secs = srv.wait_ready(startup_timeout, progress=log)
-    except harness.ServerError:
+    except launcher.ServerError:
         srv.stop()
         raise
     log(f"[server] {name}: ready in {secs:.0f}s at {srv.url}")
@@ -122,7 +121,7 @@ def fingerprint(resolved: dict) -> str:
 
 def server_facts(url: str) -> dict:
     try:
-        info = harness.request_json(url + "/server_info", timeout=30)
+        info = launcher.request_json(url + "/server_info", timeout=30)
     except Exception as e:  # noqa: BLE001 -- facts are optional decoration
         return {"error": f"/server_info: {e}"}
     return {k: info[k] for k in SERVER_FACTS if k in info}

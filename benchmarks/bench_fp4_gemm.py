@@ -1,6 +1,9 @@
 """NVFP4 GEMM at decode sizes: sm120 kernels vs torch bf16 matmul vs upstream Marlin FP4.
 
-    PYTHONPATH=python python3 benchmarks/bench_fp4_gemm.py [--quick] [--shapes NAME,...]
+    python3 benchmarks/bench_fp4_gemm.py [--quick] [--shapes NAME,...]
+
+sglang.sm120 is the installed fork's (or python/'s, PYTHONPATH=python, where no sglang is installed);
+the kernel library $SGLANG_SM120_KERNEL_LIB's when set.
 
 Writes benchmarks/results/fp4-gemm.json and .md (the date is in its meta; and copies them, plus the log, to $OUT when
 set). Every time is the median of CUDA-graph replays of one op per rotating weight copy (copies
@@ -26,14 +29,10 @@ from pathlib import Path
 
 import torch
 
-REPO = Path(__file__).resolve().parents[1]
-if str(REPO / "python") not in sys.path:
-    sys.path.insert(0, str(REPO / "python"))
-sys.path.insert(0, str(REPO / "benchmarks"))
-from _overlay import import_kernels  # noqa: E402
-from _results import commit  # noqa: E402
+from _results import REPO, commit
 
-K, F = import_kernels()  # this checkout's, over an installed sglang's
+from sglang.sm120 import kernels as K
+from sglang.sm120 import nvfp4 as F
 
 MS = [1, 2, 4, 8, 16, 32, 64, 128]
 TARGET_BW_PCT = 80.0
@@ -59,9 +58,9 @@ class Log:
 
 
 # The timing harness lives in the overlay (the installed wheel carries it for
-# `python -m sglang.sm120 check`); lab scripts reach it through this module's names.
-from sglang.sm120.check.gemm_timing import (  # noqa: E402,F401
-    bf16_bytes, copies_for, copy_bandwidth, fp4_bytes, launch_floor_us, load_marlin, marlin_copies, marlin_layer,
+# `python -m sglang.sm120 check`).
+from sglang.sm120.check.gemm_timing import (  # noqa: E402
+    bf16_bytes, copies_for, copy_bandwidth, fp4_bytes, launch_floor_us, load_marlin, marlin_copies,
     marlin_ops, rotating_weights, select_shapes, shape_weight, shapes, time_ops)
 
 

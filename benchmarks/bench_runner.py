@@ -56,13 +56,9 @@ import time
 from pathlib import Path
 from typing import Dict, List
 
-REPO = Path(__file__).resolve().parent.parent
-RESULTS = REPO / "benchmarks" / "results"
+from _results import RESULTS, commit, ratio, save, target as _target, utc_now
 
-sys.path.insert(0, str(REPO / "python"))
-sys.path.insert(0, str(REPO / "benchmarks"))
-from _results import commit, ratio, save, target as _target, utc_now  # noqa: E402
-from sglang.sm120.model_shapes import QWEN3_30B_A3B_CONFIG as QWEN3_30B_A3B  # noqa: E402
+from sglang.sm120.model_shapes import QWEN3_30B_A3B_CONFIG as QWEN3_30B_A3B
 # A tiny random Qwen3-MoE: small enough to build anywhere, large enough to show where upstream's
 # eager warmup spends its time (diagnose_eager_warmup).
 TINY_QWEN3_MOE = dict(

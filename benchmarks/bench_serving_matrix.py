@@ -38,13 +38,14 @@ import time
 from pathlib import Path
 from typing import List
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import _results  # noqa: E402
-import _serving_client as client  # noqa: E402
-import _serving_report as report  # noqa: E402
-import _serving_setup as setup  # noqa: E402
-import soak  # noqa: E402
-from _gpu_sampler import GpuSampler, device_name  # noqa: E402
+import _results
+import _serving_client as client
+import _serving_report as report
+import _serving_setup as setup
+import soak
+from _gpu_sampler import GpuSampler, device_name
+
+from sglang.sm120 import launcher
 
 INPUT_LEN = OUTPUT_LEN = 256
 WAVES, MIN_PROMPTS = 2, 8
@@ -156,7 +157,7 @@ def measure(a, doc: dict, out: Path) -> None:
             run["resolved_args_sha256"] = fp
         try:
             srv = setup.start_server(name, a.model_dir, flags, workdir, a.startup_timeout)
-        except setup.harness.ServerError as e:
+        except launcher.ServerError as e:
             run["server"] = {"flags": flags, "error": str(e)[-2000:]}
             save(doc, out, a.copy_to)
             print(f"[bench] {name}: server failed to start; see the results file", flush=True)
@@ -192,7 +193,7 @@ def measure(a, doc: dict, out: Path) -> None:
             shut = srv.stop()
             run.setdefault("server", {"flags": flags})["shutdown"] = {"clean": shut.clean, "seconds": round(shut.seconds, 1)}
             if a.copy_to:
-                tail = setup.harness.log_tail(srv.log_path, 400)
+                tail = launcher.log_tail(srv.log_path, 400)
                 Path(a.copy_to, f"{out.stem}-{name}.server.log").write_text(tail)
             save(doc, out, a.copy_to)
 

@@ -28,11 +28,11 @@ import textwrap
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import _results  # noqa: E402
-import _serving_client as client  # noqa: E402
-from _serving_setup import harness  # noqa: E402
-from _serving_report import FAST_VS_BS256, last_record, value  # noqa: E402
+import _results
+import _serving_client as client
+from _serving_report import FAST_VS_BS256, last_record, value
+
+from sglang.sm120 import launcher
 
 KEEPS_UP = 0.95  # client tok/s / offered tok/s
 # What the client must carry for the 1.15x serving target at concurrency 1024 to be measurable:
@@ -100,7 +100,7 @@ def measure(concurrency: int, step_ms: float, output_len: int, waves: int, workd
     model = workdir / "tokenizer"
     model.mkdir(parents=True, exist_ok=True)
     tok_mod.save_tokenizer_files(tok_mod.build_tokenizer(512), str(model), 4096)
-    port = harness.free_port()
+    port = launcher.free_port()
     log = open(workdir / "server.log", "w+")
     srv = subprocess.Popen([sys.executable, "-c", SERVER, str(port), str(step_ms)], stdout=log, stderr=subprocess.STDOUT)
     try:

@@ -26,7 +26,7 @@
 #   graph-memory lab/graph_memory_probe.py: device memory per instantiated CUDA graph
 #                outside torch's allocator (is layerwise's graph memory the number of graphs?)  180
 #   runner       benchmarks/bench_runner.py, its five default configurations, saved after each  2000
-#   prefill-profile lab/prefill_profile.py: GPU kernel timeline of upstream breakable vs
+#   prefill-profile benchmarks/prefill_profile.py: GPU kernel timeline of upstream breakable vs
 #                layerwise prefill at 1024 / 4096 tokens (busy / idle, by kernel group)          600
 #   prefill-fa2  layerwise prefill with its captured attention on upstream's FA2 plan (what SM120
 #                runs; the default, auto, takes FA3 on SM90): bench_runner.py's
@@ -146,7 +146,7 @@ for s in "${STEPS[@]}"; do
       probe=()
       IFS=';' read -ra specs <<< "${REPEAT_PROBE_VARIANTS:-base glm_moe_dsa-nvfp4;bf16 glm_moe_dsa-bf16;no-overlap glm_moe_dsa-nvfp4 --disable-overlap-schedule;marlin-atomic glm_moe_dsa-nvfp4 SGLANG_SM120_MARLIN_MOE_ORDERED_REDUCE=0;qwen3-nvfp4 qwen3_moe-nvfp4}"
       for v in "${specs[@]}"; do probe+=(--variant "$v"); done
-      PYTHONPATH="$PWD/test/gpu${PYTHONPATH:+:$PYTHONPATH}" step repeat-probe 900 "$PY" lab/repeat_probe.py \
+      step repeat-probe 900 "$PY" lab/repeat_probe.py \
         --out "$RES/repeat-probe.json" "${probe[@]}" ;;
     graph-memory)
       step graph-memory 180 "$PY" lab/graph_memory_probe.py --out "$RES/graph-memory.json" ;;
@@ -155,7 +155,7 @@ for s in "${STEPS[@]}"; do
         --workdir "$RES/runner-work"
       tar -czf "$RES/runner-logs.tgz" -C "$RES" runner-work 2>/dev/null ;;
     prefill-profile)
-      step prefill-profile 600 "$PY" lab/prefill_profile.py --tag h200 --timeout 280 \
+      step prefill-profile 600 "$PY" benchmarks/prefill_profile.py --tag h200 --timeout 280 \
         --results-dir "$RES" --workdir "$RES/prefill-profile-work" ;;
     prefill-fa2)
       step prefill-fa2-bench 500 "$PY" benchmarks/bench_runner.py --tag h200 --configs layerwise_fa2_prefill \

@@ -35,11 +35,12 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Dict, List, Optional
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import _results  # noqa: E402
-import _serving_setup as setup  # noqa: E402
-from _gpu_sampler import GpuSampler, device_name, query as gpu_query  # noqa: E402
-from _soak_cases import MALFORMED, Request, RequestPlan, judge_malformed, judge_wellformed  # noqa: E402
+import _results
+import _serving_setup as setup
+from _gpu_sampler import GpuSampler, device_name, query as gpu_query
+from _soak_cases import MALFORMED, Request, RequestPlan, judge_malformed, judge_wellformed
+
+from sglang.sm120 import launcher
 
 EXAMPLES = 3  # failure descriptions kept per request kind
 
@@ -368,7 +369,7 @@ def main(argv=None) -> int:
     doc = new_doc(a, model, a.config, flags)
     try:
         srv = setup.start_server(a.config, a.model_dir, flags, workdir, a.startup_timeout)
-    except setup.harness.ServerError as e:
+    except launcher.ServerError as e:
         doc["server"]["error"] = str(e)[-3000:]
         doc["targets"] = _unmet("server must start")
         _save(a, doc)
@@ -381,7 +382,7 @@ def main(argv=None) -> int:
         doc["server"]["shutdown"] = {"clean": shut.clean, "seconds": round(shut.seconds, 1), "killed": shut.killed}
         if a.copy_to:
             os.makedirs(a.copy_to, exist_ok=True)
-            Path(a.copy_to, f"soak-{a.tag}.server.log").write_text(setup.harness.log_tail(srv.log_path, 400))
+            Path(a.copy_to, f"soak-{a.tag}.server.log").write_text(launcher.log_tail(srv.log_path, 400))
         finish(a, doc)
     return 0
 

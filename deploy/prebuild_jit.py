@@ -88,8 +88,7 @@ def main(argv=None) -> int:
         print("[prebuild_jit] CUDA_HOME=/usr/local/cuda", flush=True)
     start = time.time()
     if a.flashinfer:  # first: FlashInfer reads its target arch when it is imported
-        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-        import flashinfer_aot
+        import flashinfer_aot  # beside this script, which runs as `python deploy/prebuild_jit.py`
 
         m = flashinfer_aot.build(a.arch, Path(a.out) / "flashinfer-aot",
                                  log=lambda msg: print(msg, flush=True), models=a.flashinfer_models)

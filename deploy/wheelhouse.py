@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Build an offline wheelhouse for running the fork on a GPU host that has no package registry.
 
-    python deploy/wheelhouse.py --python 3.12 --exclude-from HOST_FREEZE [--split-mb 56] --out DIR
+    python -m deploy.wheelhouse --python 3.12 --exclude-from HOST_FREEZE [--split-mb 56] --out DIR
 
 The set is the closure of the upstream sglang wheel's Requires-Dist for the target (CPython
 version, manylinux up to the target's glibc), minus what HOST_FREEZE (`pip freeze` or `pip list`
@@ -10,7 +10,8 @@ decisions of the policy file applied (skips, version conflicts, slimmed wheels, 
 reported. Output: DIR/part-NN/ (each at most --split-mb MB = 10^6 bytes, with a copy of the
 manifest and installer; a wheel larger than that travels as pieces that the installer joins),
 DIR/manifest.json, DIR/install.sh, DIR/report.txt.
-See docs/gpu-host.md for moving the parts and installing.
+Run from the repository root (the fork's pin is read through forkbuild/). See docs/gpu-host.md
+for moving the parts and installing.
 """
 from __future__ import annotations
 
@@ -20,18 +21,16 @@ import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from wheelhouse_lib.compat import canonicalize_name  # noqa: E402
-from wheelhouse_lib.forkpin import ForkPinError, fork_requires, load_fork_pin  # noqa: E402
-from wheelhouse_lib.hostenv import HostListError, HostPackages, Target, load_host_list  # noqa: E402
-from wheelhouse_lib.output import OutputError, WheelEntry, check_out_dir, write_wheelhouse  # noqa: E402
-from wheelhouse_lib.pack import PackError  # noqa: E402
-from wheelhouse_lib.pipselect import PipError, PipSelector, sha256_of  # noqa: E402
-from wheelhouse_lib.policy import PolicyError, load_policy  # noqa: E402
-from wheelhouse_lib.report import decisions_from, format_report, unused_policy  # noqa: E402
-from wheelhouse_lib.resolve import Candidate, ResolveError, resolve  # noqa: E402
-from wheelhouse_lib.wheelfile import WheelError, pth_files, read_metadata, rewrite_wheel, verify_record  # noqa: E402
+from .wheelhouse_lib.compat import canonicalize_name
+from .wheelhouse_lib.forkpin import ForkPinError, fork_requires, load_fork_pin
+from .wheelhouse_lib.hostenv import HostListError, HostPackages, Target, load_host_list
+from .wheelhouse_lib.output import OutputError, WheelEntry, check_out_dir, write_wheelhouse
+from .wheelhouse_lib.pack import PackError
+from .wheelhouse_lib.pipselect import PipError, PipSelector, sha256_of
+from .wheelhouse_lib.policy import PolicyError, load_policy
+from .wheelhouse_lib.report import decisions_from, format_report, unused_policy
+from .wheelhouse_lib.resolve import Candidate, ResolveError, resolve
+from .wheelhouse_lib.wheelfile import WheelError, pth_files, read_metadata, rewrite_wheel, verify_record
 
 DEFAULT_POLICY = Path(__file__).resolve().parent / "wheelhouse-policy.toml"
 DEFAULT_PIN = Path(__file__).resolve().parent.parent / "UPSTREAM.toml"

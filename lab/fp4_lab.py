@@ -2,7 +2,10 @@
 replays of one op per rotating weight copy, the copies together > 2x L2 so weights come from HBM;
 weights seeded by the shape, as every tool times the benchmark's values).
 
-    PYTHONPATH=python python3 lab/fp4_lab.py SUBCOMMAND [options]    (SUBCOMMAND --help for each)
+    python3 lab/fp4_lab.py SUBCOMMAND [options]    (SUBCOMMAND --help for each)
+
+sglang.sm120 comes from the installed fork, or from python/ (PYTHONPATH=python) where no sglang is
+installed; the kernel library from $SGLANG_SM120_KERNEL_LIB when set.
 
 Subcommands:
   order-probe  does the order of the timed graphs move plain-launch times?
@@ -12,32 +15,36 @@ Subcommands:
   hot-cold     weights from HBM vs L2-resident: is a call bound by HBM or by its instruction stream?
   kernel-ab    W4A16 kernels side by side on every projection shape at M <= 16, plain and PDL
 
-torch and the benchmark module are imported only when a subcommand runs, so --help works anywhere.
+torch and the fork are imported only when a subcommand runs, so --help works anywhere.
 """
 from __future__ import annotations
 
 import argparse
+import functools
 import inspect
 import json
 import shutil
 import statistics
 import subprocess
 import sys
+import types
 from pathlib import Path
-
-REPO = Path(__file__).resolve().parents[1]
 
 
 # ---- shared helpers ----------------------------------------------------------------------------
 
+@functools.lru_cache(maxsize=None)
 def bench():
-    """benchmarks/bench_fp4_gemm.py as a module: it puts this checkout's overlay and kernels first on
-    sys.path and re-exports the timing harness (time_ops, rotating_weights, shape_weight, ...)."""
-    if str(REPO / "benchmarks") not in sys.path:
-        sys.path.insert(0, str(REPO / "benchmarks"))
-    import bench_fp4_gemm
+    """The benchmark's timing harness (sglang.sm120.check.gemm_timing: time_ops, rotating_weights,
+    shape_weight, ..., as benchmarks/bench_fp4_gemm.py uses it) with the installed fork's kernels
+    (`K`) and torch beside it."""
+    import torch
 
-    return bench_fp4_gemm
+    from sglang.sm120 import kernels
+    from sglang.sm120.check import gemm_timing
+
+    names = {n: getattr(gemm_timing, n) for n in dir(gemm_timing) if not n.startswith("_")}
+    return types.SimpleNamespace(**names, K=kernels, torch=torch)
 
 
 def device():

@@ -17,9 +17,10 @@ OUT="${OUT:-$PWD/lab/scratch/kernels-check}"
 mkdir -p "$OUT"
 export CUDA_HOME="${CUDA_HOME:-/usr/local/cuda}"
 export PATH="$CUDA_HOME/bin:$PATH"
+# python/ provides sglang.sm120 only where no sglang is installed; an installed fork (e.g.
+# /tmp/site, built with SGLANG_SM120_KERNELS=0) wins. Either runs on the library this script
+# builds: point the kernel API at it, or the run times a stale one.
 export PYTHONPATH="$PWD/python${PYTHONPATH:+:$PYTHONPATH}"
-# An installed fork (e.g. /tmp/site, built with SGLANG_SM120_KERNELS=0) wins over python/ above;
-# point the kernel API at the library this script builds, or the run times a stale one.
 export SGLANG_SM120_KERNEL_LIB="$PWD/python/sglang/sm120/kernels/lib"
 PY="${PYTHON:-python3}"
 T0=$SECONDS
@@ -68,7 +69,6 @@ if [ $rc -ne 0 ]; then
   # SASS around every reported offset ("+0x1a30" or "at 0x1a30"), for every sm_90a kernel
   "$PY" - "$OUT/sanitizer.log" python/sglang/sm120/kernels/lib/libsm120_kernels.so >>"$OUT/sanitizer.log" 2>&1 <<'EOF'
 import re, subprocess, sys
-sys.path.insert(0, ".")
 from forkbuild.kernels import find_cuobjdump
 log, lib = open(sys.argv[1], errors="replace").read(), sys.argv[2]
 offs = sorted({int(o, 16) for o in re.findall(r"(?:\+0x|at 0x)([0-9a-f]+)", log)} - {0})[:4]

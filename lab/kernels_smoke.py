@@ -1,7 +1,9 @@
 """Smallest GPU check of the NVFP4 kernels, run first by kernels_check.sh (and again under
 compute-sanitizer when it fails, to name the faulting kernel).
 
-    PYTHONPATH=python python3 lab/kernels_smoke.py
+    SGLANG_SM120_KERNEL_LIB=python/sglang/sm120/kernels/lib python3 lab/kernels_smoke.py
+
+(sglang.sm120 from the installed fork, or from python/ with PYTHONPATH=python where no sglang is installed)
 
 Steps, each followed by torch.cuda.synchronize() and a check against the pure-PyTorch reference
 (sglang.sm120.nvfp4), in order of increasing risk so that a device fault names its step:
@@ -16,38 +18,21 @@ import os
 import sys
 import time
 import traceback
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "python"))
 os.environ.setdefault("SGLANG_SM120_KERNEL_SYNC", "1")  # a fault is reported by the launch that caused it
 
 import torch  # noqa: E402
 
-sys.path.insert(0, str(REPO / "benchmarks"))
-from _overlay import import_kernels  # noqa: E402
-
-K, F = import_kernels()  # this checkout's, over an installed sglang's
-
-
-def exact_dequant(packed, scales, decode_scale):
-    vals = F.e2m1_codes_to_float(F.unpack_e2m1(packed))
-    sf = scales.view(torch.float8_e4m3fn).float().repeat_interleave(16, dim=1)
-    return vals * sf * float(decode_scale)  # e2m1 * e4m3 is exact in fp32
+# the installed fork's API; the library is $SGLANG_SM120_KERNEL_LIB's (kernels_check.sh builds it)
+from sglang.sm120 import kernels as K  # noqa: E402
+from sglang.sm120 import nvfp4 as F  # noqa: E402
+from sglang.sm120.fp4_tolerance import compare, exact_dequant  # noqa: E402
 
 
 def within_tolerance(y, ref, absref):
     """docs/kernels.md: |y - ref| <= 2^-8 |ref| + 2^-14 (|x| @ |W|^T). Returns (ok, message)."""
-    y = y.float()
-    bound = 2.0 ** -8 * ref.abs() + 2.0 ** -14 * absref
-    err = (y - ref).abs()
-    bad = ~(err <= bound)
-    rel = ((y - ref).norm() / ref.norm().clamp_min(1e-30)).item()
-    if bool(bad.any()):
-        idx = tuple(bad.nonzero()[0].tolist())
-        return False, (f"{int(bad.sum())}/{y.numel()} outside tolerance, rel err {rel:.2e}; first at {list(idx)}: "
-                       f"got {y[idx].item():.6g}, ref {ref[idx].item():.6g}, bound {bound[idx].item():.3g}")
-    return True, f"rel err {rel:.2e}, max err/bound {(err / bound.clamp_min(1e-30)).max().item():.3f}"
+    c = compare(y, ref, absref)
+    return c.ok, c.summary()
 
 
 def check_quantize():

@@ -1,10 +1,10 @@
 """Which part of a tiny model's serving stack answers a repeated greedy batch differently?
 
 Starts one server per variant side by side on the one GPU (the GPU serving tests' flags from
-test/gpu/server.py, KV pools capped), sends each the same greedy batch REPEATS times, and writes
-per variant how many repeats differ from the first and where (request, token).
+sglang.sm120.tiny.serving, KV pools capped), sends each the same greedy batch REPEATS times, and
+writes per variant how many repeats differ from the first and where (request, token).
 
-    PYTHONPATH=test/gpu:/tmp/site python3 lab/repeat_probe.py --out /tmp/res/repeat-probe.json \\
+    PYTHONPATH=/tmp/site python3 lab/repeat_probe.py --out /tmp/res/repeat-probe.json \\
         --variant "base glm_moe_dsa-nvfp4" \\
         --variant "no-overlap glm_moe_dsa-nvfp4 --disable-overlap-schedule" \\
         --variant "marlin-atomic glm_moe_dsa-nvfp4 SGLANG_SM120_MARLIN_MOE_ORDERED_REDUCE=0"
@@ -47,12 +47,12 @@ def first_difference(a: list, b: list):
     return None
 
 
-def run_variant(v: dict, srv, repeats: int, payload: dict, harness, say) -> None:
+def run_variant(v: dict, srv, repeats: int, payload: dict, request_json, say) -> None:
     try:
         v["ready_s"] = round(srv.wait_ready(900, progress=say), 1)
         batches = []
         for _ in range(repeats):
-            out = harness.request_json(srv.url + "/generate", payload, timeout=300)
+            out = request_json(srv.url + "/generate", payload, timeout=300)
             batches.append([r["output_ids"] for r in out])
         diffs = [first_difference(batches[0], b) for b in batches[1:]]
         v["differing_repeats"] = sum(d is not None for d in diffs)
@@ -81,9 +81,10 @@ def main(argv=None) -> int:
         raise SystemExit("--variant names must be unique")
     if args.repeats < 2:
         raise SystemExit("--repeats: at least 2")
-    # several servers share the GPU: test/gpu/server.py then raises the static fraction
+    # several servers share the GPU: tiny.serving then raises the static fraction
     os.environ.setdefault("SGLANG_SM120_GPU_MAX_TOKENS", "2200000")
-    import server as harness
+    from sglang.sm120 import launcher
+    from sglang.sm120.tiny import serving
     from sglang.sm120.tiny.prompts import GENERATE_PROMPTS
 
     t0 = time.time()
@@ -95,18 +96,18 @@ def main(argv=None) -> int:
 
     args.out.parent.mkdir(parents=True, exist_ok=True)
     for model in sorted({v["model"] for v in variants}):
-        harness.tinymodels.tiny_model(args.models_dir, *model.rsplit("-", 1))
+        serving.tiny_model(args.models_dir, *model.rsplit("-", 1))
     payload = {"text": list(GENERATE_PROMPTS),
                "sampling_params": {"max_new_tokens": args.tokens, "temperature": 0.0, "ignore_eos": True}}
     threads = []
     for v in variants:
-        srv = harness.Server(name=v["name"], model_dir=str(args.models_dir / v["model"]),
-                             log_path=str(args.out.parent / f"repeat-probe-{v['name']}.log"),
-                             args=harness.server_args(v["model"]) + v["args"],
-                             env={**harness.server_env(v["model"]), **v["env"]})
+        srv = launcher.Server(name=v["name"], model_dir=str(args.models_dir / v["model"]),
+                              log_path=str(args.out.parent / f"repeat-probe-{v['name']}.log"),
+                              args=serving.server_args(v["model"]) + v["args"],
+                              env={**serving.server_env(v["model"]), **v["env"]})
         v["command"] = shlex.join(srv.command())
         srv.start()
-        threads.append(threading.Thread(target=run_variant, args=(v, srv, args.repeats, payload, harness, say)))
+        threads.append(threading.Thread(target=run_variant, args=(v, srv, args.repeats, payload, launcher.request_json, say)))
         threads[-1].start()
         time.sleep(5)  # start-ups pick free ports by probing
     for t in threads:

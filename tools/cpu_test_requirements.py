@@ -9,16 +9,15 @@ Skipping them saves ~2.1 GB of the 9.1 GB test venv and ~0.7 GB of downloads, wh
 disk-starved CI machine ran out of. torch stays the pinned CUDA build: sglang imports
 torchvision at module level, and PyPI's torchvision only loads beside its own torch.
 
-    python tools/cpu_test_requirements.py dist/sglang-*.whl   # one requirement a line
+    python -m tools.cpu_test_requirements dist/sglang-*.whl   # one requirement a line (repo root)
 """
 from __future__ import annotations
 
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "deploy"))
-from wheelhouse_lib.compat import Requirement, canonicalize_name  # noqa: E402
-from wheelhouse_lib.wheelfile import read_metadata  # noqa: E402
+from deploy.wheelhouse_lib.compat import Requirement, canonicalize_name
+from deploy.wheelhouse_lib.wheelfile import read_metadata
 
 GPU_ONLY = {
     "sglang-kernel": "sgl_kernel's CUDA ops (1.1 GB); its import needs libcuda.so.1",

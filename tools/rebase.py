@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Rebase a base's patch series onto another upstream sglang release.
 
-    python tools/rebase.py --from 0.5.16 --onto 0.5.23 --out DIR
+    python -m tools.rebase --from 0.5.16 --onto 0.5.23 --out DIR     (from the repository root)
 
 --from names a base in UPSTREAM.toml (default: $SGLANG_SM120_BASE, else the default base); its
 series is patches/<from>/. --onto may be another pinned base (its wheel is hash-checked) or any
@@ -18,16 +18,15 @@ import shutil
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+from forkbuild.anchors import load_api
+from forkbuild.build import read_upstream, source_reader
+from forkbuild.config import bases, load_pin, running_python_tag
+from forkbuild.errors import BuildError, log
+from forkbuild.patches import load_series
+from forkbuild.rebase import CLEAN, CONFLICT, MERGED, rebase_series
+from forkbuild.upstream import _index_files, cache_dir, fetch_pinned, fetch_wheel, sha256_of
 
-from forkbuild.anchors import load_api  # noqa: E402
-from forkbuild.build import read_upstream, source_reader  # noqa: E402
-from forkbuild.config import bases, load_pin, running_python_tag  # noqa: E402
-from forkbuild.errors import BuildError, log  # noqa: E402
-from forkbuild.patches import load_series  # noqa: E402
-from forkbuild.rebase import CLEAN, CONFLICT, MERGED, rebase_series  # noqa: E402
-from forkbuild.upstream import _index_files, cache_dir, fetch_pinned, fetch_wheel, sha256_of  # noqa: E402
+REPO = Path(__file__).resolve().parent.parent
 
 
 def upstream_wheel(version: str, pin, given: str | None) -> Path:

@@ -1,14 +1,15 @@
 #!/usr/bin/env python3
 """Edit the patch series through a real source tree.
 
-    python tools/refresh.py checkout DIR [--upto NAME]   DIR/python/sglang = upstream + series (up to NAME)
-    python tools/refresh.py update NAME --tree DIR       rewrite patch NAME from the edited DIR
-    python tools/refresh.py new NAME --tree DIR --subject S --why W --how H \
+    python -m tools.refresh checkout DIR [--upto NAME]   DIR/python/sglang = upstream + series (up to NAME)
+    python -m tools.refresh update NAME --tree DIR       rewrite patch NAME from the edited DIR
+    python -m tools.refresh new NAME --tree DIR --subject S --why W --how H \
         --upstream-status U --drop-when D                append a new patch from the edited DIR
 
 `update` expects DIR checked out with --upto NAME; `new` expects the whole series applied.
 The series edited is the base's (patches/<version>/, SGLANG_SM120_BASE picks the base).
 Headers are kept verbatim on update; the rest of the series must still apply strictly.
+Run from the repository root (forkbuild/ is imported from there).
 """
 from __future__ import annotations
 
@@ -16,17 +17,15 @@ import argparse
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-
-from forkbuild.build import patched_members  # noqa: E402
-from forkbuild.config import load_pin  # noqa: E402
-from forkbuild.errors import BuildError, log  # noqa: E402
-from forkbuild.patches import (  # noqa: E402
+from forkbuild.build import patched_members
+from forkbuild.config import load_pin
+from forkbuild.errors import BuildError, log
+from forkbuild.patches import (
     file_diff, load_series, new_preamble, parse_patch, read_series, render,
 )
-from forkbuild.tree import pinned_upstream, write_tree  # noqa: E402
+from forkbuild.tree import pinned_upstream, write_tree
 
+REPO = Path(__file__).resolve().parent.parent
 
 
 def diff_tree(base: dict[str, str], tree: Path, upstream_names: set[str]) -> list[str]:

@@ -45,7 +45,7 @@ echo "[setup] installing $WHEEL with its $DEPS dependencies (first run downloads
 case "$DEPS" in
   full) vpip install -q "$WHEEL" ;;
   cpu-test)
-    "$VPY" tools/cpu_test_requirements.py "$WHEEL" > ".cache/cpu-test-requirements-$SGLANG_SM120_BASE.txt"
+    "$VPY" -m tools.cpu_test_requirements "$WHEEL" > ".cache/cpu-test-requirements-$SGLANG_SM120_BASE.txt"
     vpip install -q -r ".cache/cpu-test-requirements-$SGLANG_SM120_BASE.txt" ;;
   *) echo "[setup] SGLANG_SM120_DEPS must be full or cpu-test, not '$DEPS'"; exit 2 ;;
 esac

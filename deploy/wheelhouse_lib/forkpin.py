@@ -7,14 +7,13 @@ wheelhouse did not resolve.
 """
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-# UPSTREAM.toml has one reader: the fork build's own (forkbuild/ at the repository root).
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from forkbuild.config import bases, default_base, load_pin  # noqa: E402
-from forkbuild.errors import BuildError  # noqa: E402
+# UPSTREAM.toml has one reader: the fork build's own (forkbuild/ at the repository root, which
+# `python -m deploy.wheelhouse` from there puts on sys.path).
+from forkbuild.config import bases, default_base, load_pin
+from forkbuild.errors import BuildError
 
 
 class ForkPinError(ValueError):

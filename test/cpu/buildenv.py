@@ -7,11 +7,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO))
+from forkbuild.config import bases, load_pin, running_python_tag
+from forkbuild.upstream import fetch_pinned
 
-from forkbuild.config import bases, load_pin, running_python_tag  # noqa: E402
-from forkbuild.upstream import fetch_pinned  # noqa: E402
+REPO = Path(__file__).resolve().parents[2]
 
 BUILD_PARTS = ("setup.py", "pyproject.toml", "UPSTREAM.toml", "forkbuild", "patches", "python")
 

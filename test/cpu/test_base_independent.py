@@ -19,7 +19,7 @@ UPSTREAM = re.compile(
 
 
 def marked_modules():
-    return sorted(p for p in HERE.glob("test_*.py") if MARK.search(p.read_text()) and p != Path(__file__).resolve())
+    return sorted(p for p in HERE.rglob("test_*.py") if MARK.search(p.read_text()) and p != Path(__file__).resolve())
 
 
 def test_marked_modules_name_no_upstream_sglang():

@@ -17,7 +17,7 @@ except md.PackageNotFoundError:
         pytest.skip("no sglang installed in this interpreter", allow_module_level=True)
 
 from sglang.sm120 import fp4_selfcheck as S  # noqa: E402
-from sglang.sm120.check.tolerance import compare  # noqa: E402
+from sglang.sm120.fp4_tolerance import compare  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -107,11 +107,11 @@ FALLBACK_SCRIPT = textwrap.dedent(
     import types, torch
     from sglang.srt.layers.quantization import fp4_utils
     from sglang.srt.layers.quantization.modelopt_quant import ModelOptFp4LinearMethod
-    from sglang.sm120 import fp4_backend, fp4_linear, fp4_selfcheck, kernels
+    from sglang.sm120 import fp4_backend, fp4_layer, fp4_selfcheck, kernels
 
     kernels.available = lambda: True  # no library on a CPU box; the check is faked below
     repacked = []
-    fp4_linear.repack = lambda layer: repacked.append(tuple(layer.weight.shape))
+    fp4_layer.repack = lambda layer: repacked.append(tuple(layer.weight.shape))
 
     def layer():
         m = torch.nn.Module()

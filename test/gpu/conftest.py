@@ -10,29 +10,15 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import time
 from typing import Dict, List
 
 import pytest
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import server as harness  # noqa: E402
+from sglang.sm120 import launcher
+from sglang.sm120.tiny import serving as tiny_serving
 
-REPO_OVERLAY = os.path.join(os.path.dirname(__file__), "..", "..", "python", "sglang", "sm120")
-
-
-def _tiny_importable() -> None:
-    """The factory is test infrastructure: if the installed fork predates it, use the
-    checkout's copy (the servers under test never import it)."""
-    try:
-        import sglang.sm120.tiny  # noqa: F401
-    except ImportError:
-        import sglang.sm120
-        sglang.sm120.__path__.append(os.path.abspath(REPO_OVERLAY))
-        import sglang.sm120.tiny  # noqa: F401
-
-MODELS = harness.TINY_MODELS
+MODELS = tiny_serving.TINY_MODELS
 STARTUP_TIMEOUT = float(os.environ.get("SGLANG_SM120_TEST_STARTUP_TIMEOUT", "600"))
 PARALLEL = os.environ.get("SGLANG_SM120_TEST_PARALLEL", "1") != "0"
 SEED = 0
@@ -68,8 +54,8 @@ class Session:
         path = os.path.join(self.out_dir, "gpu_serving_summary.json")
         with open(path, "w") as f:
             json.dump({"elapsed_s": round(time.time() - self.t0, 1),
-                       "server_args": harness.server_args(),
-                       "extra_server_args": harness.EXTRA_SERVER_ARGS, "parallel": PARALLEL,
+                       "server_args": tiny_serving.server_args(),
+                       "extra_server_args": tiny_serving.EXTRA_SERVER_ARGS, "parallel": PARALLEL,
                        "targets": serving_targets(self.results),
                        "models": self.results, "progress": self.lines}, f, indent=1)
         return path
@@ -114,7 +100,6 @@ def serving(request, tmp_path_factory):
 @pytest.fixture(scope="session")
 def tiny_models(serving, request, tmp_path_factory) -> Dict[str, str]:
     """Build the selected tiny models (CPU, a few seconds each) into a tmp dir."""
-    _tiny_importable()
     from sglang.sm120.tiny.build import build
     from sglang.sm120.tiny.spec import default_spec
 
@@ -134,13 +119,13 @@ class Fleet:
     def __init__(self, serving: Session, dirs: Dict[str, str]):
         self.serving = serving
         self.dirs = dirs
-        self.servers: Dict[str, harness.Server] = {}
+        self.servers: Dict[str, launcher.Server] = {}
 
-    def launch(self, model: str) -> harness.Server:
+    def launch(self, model: str) -> launcher.Server:
         if model not in self.servers:
-            srv = harness.Server(name=model, model_dir=self.dirs[model],
-                                 log_path=os.path.join(self.serving.out_dir, f"server-{model}.log"),
-                                 args=harness.server_args(model), env=harness.server_env(model))
+            srv = launcher.Server(name=model, model_dir=self.dirs[model],
+                                  log_path=os.path.join(self.serving.out_dir, f"server-{model}.log"),
+                                  args=tiny_serving.server_args(model), env=tiny_serving.server_env(model))
             srv.start()
             self.servers[model] = srv
             self.serving.say(f"{model}: launched on port {srv.port}, log {srv.log_path}")
@@ -167,11 +152,11 @@ def server(request, fleet, serving):
     model = request.param
     srv = fleet.launch(model)
     if srv.shutdown is not None:
-        raise harness.ServerError(f"{model}: server already stopped by its shutdown test "
+        raise launcher.ServerError(f"{model}: server already stopped by its shutdown test "
                                   f"(a test of this model was ordered after it)")
     try:
         t = srv.wait_ready(STARTUP_TIMEOUT, progress=serving.say)
-    except harness.ServerError:
+    except launcher.ServerError:
         serving.record(model, "startup", "failed")
         srv.stop()
         raise

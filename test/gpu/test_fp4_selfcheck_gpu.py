@@ -21,7 +21,7 @@ LAYER_SCRIPT = textwrap.dedent(
     from sglang.srt.layers.quantization import fp4_utils
     from sglang.sm120 import fp4_selfcheck, nvfp4 as F
     from sglang.sm120.check import upstream_fp4 as U
-    from sglang.sm120.check.tolerance import compare, exact_dequant
+    from sglang.sm120.fp4_tolerance import compare, exact_dequant
 
     torch.backends.cuda.matmul.allow_tf32 = False
     fp4_utils.initialize_fp4_gemm_config(types.SimpleNamespace(fp4_gemm_runner_backend="sm120"))

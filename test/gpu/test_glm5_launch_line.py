@@ -3,7 +3,7 @@ Dynamo (GPU).
 
 The server is started with GLM-5-NVFP4's recipe flags (`--enable-piecewise-cuda-graph
 --piecewise-cuda-graph-compiler eager` plus the usual ones, LAUNCH_LINE) and the DSA flags of the
-host (tinymodels.dsa_flags), with SGLANG_SM120_TRAPS=log and a trap log: greedy /generate
+host (sglang.sm120.tiny.serving.dsa_flags), with SGLANG_SM120_TRAPS=log and a trap log: greedy /generate
 batches of 1, 64 and 999 requests must all be answered with the requested token count, the server
 must stay healthy and the trap log must stay empty. The traps only record (log), so one run names
 every Dynamo entry and every subprocess after capture, split by kind in the results file, instead
@@ -19,16 +19,15 @@ import concurrent.futures as cf
 import json
 import os
 import shlex
-import signal
-import subprocess
-import sys
 import time
 import urllib.request
 from pathlib import Path
 
 import pytest
-from test_layerwise_traps import free_port, post, wait_healthy
-from tinymodels import DSA_ARCH, TP, dsa_env, dsa_flags, tiny_model, tiny_root  # noqa: F401 (fixture)
+from tinymodels import TP, tiny_root  # noqa: F401 (fixture)
+
+from sglang.sm120.launcher import Server, ServerError, request_json
+from sglang.sm120.tiny.serving import DSA_ARCH, dsa_env, dsa_flags, tiny_model
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow]
 
@@ -48,27 +47,13 @@ def launch_line():
     return shlex.split(raw) if raw is not None else list(LAUNCH_LINE)
 
 
-def start(model_dir: Path, flags, env_extra: dict, log_path: Path):
-    port = free_port()
-    cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", str(model_dir),
-           "--port", str(port), "--tp-size", str(TP), "--skip-tokenizer-init"] + flags
-    env = dict(os.environ, **env_extra)
-    log = open(log_path, "w")
-    log.write("$ " + shlex.join(cmd) + "\n")
-    log.flush()
-    t0 = time.time()
-    proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    log.close()
-    return proc, f"http://127.0.0.1:{port}", t0
-
-
-def stop(proc):
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGINT)
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
+def start(name: str, model_dir: Path, flags, env: dict, log_path: Path) -> Server:
+    log_path.unlink(missing_ok=True)  # the log is read afterwards: no lines of an earlier run
+    srv = Server(name=name, model_dir=str(model_dir), log_path=str(log_path),
+                 args=["--tp-size", str(TP), "--skip-tokenizer-init"] + list(flags), env=env,
+                 ready_path="/health_generate")
+    srv.start()
+    return srv
 
 
 def greedy_batch(base: str, n: int, vocab: int) -> int:
@@ -76,7 +61,7 @@ def greedy_batch(base: str, n: int, vocab: int) -> int:
     params = {"max_new_tokens": NEW_TOKENS, "temperature": 0, "ignore_eos": True}
     prompts = [[3 + (i * 7 + j * 13) % (vocab - 3) for j in range(16 + i % 48)] for i in range(n)]
     with cf.ThreadPoolExecutor(max_workers=min(n, 128)) as pool:
-        outs = list(pool.map(lambda ids: post(base + "/generate", {"input_ids": ids, "sampling_params": params}),
+        outs = list(pool.map(lambda ids: request_json(base + "/generate", {"input_ids": ids, "sampling_params": params}, 600),
                              prompts))
     return sum(len(o["output_ids"]) == NEW_TOKENS for o in outs)
 
@@ -94,17 +79,16 @@ def test_seed_launch_line_serves_glm5_nvfp4_without_dynamo(tiny_root, tmp_path):
     # ours: the launch line, traps recording
     env = dict(dsa_env(), SGLANG_SM120_TRAPS="log", SGLANG_SM120_TRAP_LOG=str(trap_log))
     ours_log = out_dir / f"glm5-launch-line-server{tp}.log"
-    proc, base, t0 = start(model_dir, launch_line() + dsa_flags(), env, ours_log)
+    srv = start("glm5-launch-line", model_dir, launch_line() + dsa_flags(), env, ours_log)
     try:
-        wait_healthy(base, proc, deadline_s=READY_TIMEOUT_S)
-        result["ready_s"] = round(time.time() - t0, 1)
+        result["ready_s"] = round(srv.wait_ready(READY_TIMEOUT_S), 1)
         for n in BATCHES:
             t = time.time()
-            result["batches"][n] = {"answered": greedy_batch(base, n, vocab), "seconds": round(time.time() - t, 1)}
-        with urllib.request.urlopen(base + "/health_generate", timeout=60) as r:
+            result["batches"][n] = {"answered": greedy_batch(srv.url, n, vocab), "seconds": round(time.time() - t, 1)}
+        with urllib.request.urlopen(srv.url + "/health_generate", timeout=60) as r:
             result["healthy_after"] = r.status == 200
     finally:
-        stop(proc)
+        srv.stop()
     server_log = ours_log.read_text() if ours_log.exists() else ""
     hits = [json.loads(ln) for ln in trap_log.read_text().splitlines()] if trap_log.exists() else []
     result["trap_hits"] = [{"kind": h["kind"], "what": h["what"][:300], "stack": h["stack"]}
@@ -118,15 +102,14 @@ def test_seed_launch_line_serves_glm5_nvfp4_without_dynamo(tiny_root, tmp_path):
     if "--piecewise-cuda-graph-compiler" in up_flags:  # alias of a tc_piecewise option: leave it out
         i = up_flags.index("--piecewise-cuda-graph-compiler")
         del up_flags[i:i + 2]
-    proc, base, t0 = start(model_dir, up_flags + dsa_flags(), dsa_env(), up_log)
+    srv = start("glm5-upstream-defaults", model_dir, up_flags + dsa_flags(), dsa_env(), up_log)
     try:
-        wait_healthy(base, proc, deadline_s=READY_TIMEOUT_S)
-        result["upstream_defaults_ready_s"] = round(time.time() - t0, 1)
-        result["upstream_defaults_batch1_answered"] = greedy_batch(base, 1, vocab)
-    except AssertionError as e:
+        result["upstream_defaults_ready_s"] = round(srv.wait_ready(READY_TIMEOUT_S), 1)
+        result["upstream_defaults_batch1_answered"] = greedy_batch(srv.url, 1, vocab)
+    except ServerError as e:
         result["upstream_defaults_error"] = str(e)
     finally:
-        stop(proc)
+        srv.stop()
 
     t = result["targets"]
     for n in BATCHES:

@@ -68,7 +68,9 @@ from pathlib import Path
 from typing import Dict, List, Optional
 
 import pytest
-from tinymodels import DSA_ARCH, EP, MAX_TOKENS, PARALLEL_SUFFIX, TP, dsa_engine_kwargs, dsa_env, tiny_model, tiny_root  # noqa: F401 (fixture)
+from tinymodels import EP, MAX_TOKENS, PARALLEL_SUFFIX, TP, dsa_engine_kwargs, tiny_root  # noqa: F401 (fixture)
+
+from sglang.sm120.tiny.serving import DSA_ARCH, dsa_env, tiny_model
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow]
 
@@ -127,7 +129,7 @@ def mode_kwargs(mode: str, arch: str) -> dict:
 
 
 # ------------------------------------------------------------------------------------------------
-# results and their comparison (pure Python; test/cpu/test_runner_divergence.py covers them)
+# results and their comparison (pure Python; test/cpu/gpu_harness/test_runner_divergence.py covers them)
 # ------------------------------------------------------------------------------------------------
 @dataclass
 class Gen:
@@ -343,7 +345,7 @@ def request_groups(vocab: int):
 
 
 def attention_kwargs(arch: str) -> dict:
-    """FlashInfer attention, except GLM-5's DSA, which has its own backend (tinymodels.dsa_flags)."""
+    """FlashInfer attention, except GLM-5's DSA, which has its own backend (sglang.sm120.tiny.serving.dsa_flags)."""
     return dsa_engine_kwargs() if arch == DSA_ARCH else {"attention_backend": "flashinfer"}
 
 

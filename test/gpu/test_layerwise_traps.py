@@ -1,6 +1,6 @@
 """No Dynamo and no subprocess once capture begins: server start, capture and a mixed load run
 under the traps in raise mode (tiny qwen3_moe and glm_moe_dsa (GLM-5, DSA indexer), bf16 and
-NVFP4, GPU). glm_moe_dsa serves with the host's DSA flags (tinymodels.dsa_flags), the others with
+NVFP4, GPU). glm_moe_dsa serves with the host's DSA flags (sglang.sm120.tiny.serving.dsa_flags), the others with
 FlashInfer attention.
 
 The server is started the way old launch scripts do it (`--enable-piecewise-cuda-graph`), with
@@ -17,16 +17,14 @@ import concurrent.futures as cf
 import json
 import os
 import random
-import signal
-import socket
-import subprocess
-import sys
-import time
 import urllib.request
 from pathlib import Path
 
 import pytest
-from tinymodels import DSA_ARCH, EP, MAX_TOKENS, PARALLEL_SUFFIX, TP, dsa_env, dsa_flags, tiny_model, tiny_root  # noqa: F401 (fixture)
+from tinymodels import EP, MAX_TOKENS, PARALLEL_SUFFIX, TP, tiny_root  # noqa: F401 (fixture)
+
+from sglang.sm120.launcher import Server, request_json
+from sglang.sm120.tiny.serving import DSA_ARCH, dsa_env, dsa_flags, tiny_model
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow]
 
@@ -35,34 +33,6 @@ MODELS = [("qwen3_moe", "bf16"), ("qwen3_moe", "nvfp4"), (DSA_ARCH, "bf16"), (DS
 
 def attention_flags(arch: str):
     return dsa_flags() if arch == DSA_ARCH else ["--attention-backend", "flashinfer"]
-
-
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def post(url: str, body: dict, timeout: float = 600):
-    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=timeout) as r:
-        return json.loads(r.read())
-
-
-def wait_healthy(base: str, proc: subprocess.Popen, deadline_s: float) -> None:
-    t0 = time.time()
-    while time.time() - t0 < deadline_s:
-        if proc.poll() is not None:
-            raise AssertionError(f"server exited with {proc.returncode} during startup")
-        try:
-            with urllib.request.urlopen(base + "/health_generate", timeout=30) as r:
-                if r.status == 200:
-                    return
-        except Exception:  # noqa: BLE001 - not up yet
-            time.sleep(2)
-    raise AssertionError(f"server not healthy after {deadline_s} s")
 
 
 def mixed_load(base: str, vocab: int) -> int:
@@ -85,7 +55,7 @@ def mixed_load(base: str, vocab: int) -> int:
     for wave in sorted({w for w, _, _ in jobs}):
         batch = [(ids, p) for w, ids, p in jobs if w == wave]
         with cf.ThreadPoolExecutor(max_workers=min(len(batch), 128)) as pool:
-            futs = [pool.submit(post, base + "/generate", {"input_ids": ids, "sampling_params": p}) for ids, p in batch]
+            futs = [pool.submit(request_json, base + "/generate", {"input_ids": ids, "sampling_params": p}, 600) for ids, p in batch]
             for f, (_, p) in zip(futs, batch):
                 out = f.result()
                 assert len(out["output_ids"]) == p["max_new_tokens"], out.get("meta_info")
@@ -103,35 +73,27 @@ def test_server_capture_and_mixed_load_under_traps(arch, quant, tiny_root, tmp_p
     out_dir = Path(os.environ.get("SGLANG_SM120_RESULTS_DIR") or tmp_path)
     out_dir.mkdir(parents=True, exist_ok=True)
     log_path = out_dir / f"traps-server-{arch}-{quant}{PARALLEL_SUFFIX}.log"
-    port = free_port()
-    env = dict(os.environ, SGLANG_SM120_TRAPS="raise", SGLANG_SM120_TRAP_LOG=str(trap_log))
+    log_path.unlink(missing_ok=True)  # the log is read below: no lines of an earlier run
+    env = {"SGLANG_SM120_TRAPS": "raise", "SGLANG_SM120_TRAP_LOG": str(trap_log)}
     if arch == DSA_ARCH:
         env.update(dsa_env())
-    cmd = [
-        sys.executable, "-m", "sglang.launch_server", "--model-path", str(model_dir),
-        "--port", str(port), "--enable-piecewise-cuda-graph", *attention_flags(arch),
-        "--max-running-requests", "512", "--mem-fraction-static", "0.7", "--skip-tokenizer-init",
-        "--tp-size", str(TP), "--ep-size", str(EP),
-    ]
+    flags = ["--enable-piecewise-cuda-graph", *attention_flags(arch),
+             "--max-running-requests", "512", "--mem-fraction-static", "0.7", "--skip-tokenizer-init",
+             "--tp-size", str(TP), "--ep-size", str(EP)]
     if MAX_TOKENS:  # a capped KV pool lets this server share the GPU with the correctness grid's engines
-        cmd += ["--max-total-tokens", str(MAX_TOKENS)]
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    base = f"http://127.0.0.1:{port}"
+        flags += ["--max-total-tokens", str(MAX_TOKENS)]
+    srv = Server(name=f"{arch}-{quant}", model_dir=str(model_dir), log_path=str(log_path), args=flags,
+                 env=env, ready_path="/health_generate")
+    srv.start()
     try:
-        wait_healthy(base, proc, deadline_s=900)
-        done = mixed_load(base, vocab)
+        srv.wait_ready(900)
+        done = mixed_load(srv.url, vocab)
         assert done > 600
-        with urllib.request.urlopen(base + "/health_generate", timeout=60) as r:
+        with urllib.request.urlopen(srv.url + "/health_generate", timeout=60) as r:
             assert r.status == 200
-        assert proc.poll() is None, "server died under load"
+        assert srv.alive(), "server died under load"
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGINT)
-            try:
-                proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
+        srv.stop()
         server_log = log_path.read_text() if log_path.exists() else ""
         print(server_log[-6000:])
     hits = [json.loads(line) for line in trap_log.read_text().splitlines()] if trap_log.exists() else []

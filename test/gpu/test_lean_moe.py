@@ -4,7 +4,7 @@ host time of one layer (the cost the layerwise runner pays per MoE layer per dec
 Shapes of Qwen3-30B-A3B (128 experts, hidden 2048, expert width 768, top-8, bf16) at decode
 batch sizes 1..1024 and at prefill buckets of 128..4096 tokens (the default lean prefill cap), both for the step's
 first call (through Triton) and for its later ones (Triton launches resolved once,
-runner/triton_launch.py). The layer is upstream's FusedMoE assembled by hand (test/cpu's helper);
+runner/triton_launch.py). The layer is upstream's FusedMoE assembled by hand (test/cpu/moe_layer.py);
 only the parallel state its combine consults is stood in for. Host time: the mean wall time of a
 launch sequence without device syncs, after a warmup (Triton compiles), so it measures Python
 and launch cost; the GPU may queue behind. Writes lean-moe-host-{decode,prefill}.json to
@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import sys
 import time
 from types import SimpleNamespace
 
@@ -34,13 +33,13 @@ TARGET_US = 100.0
 def lean_env():
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
-    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "cpu"))
-    import test_runner_lean_moe as helpers  # the hand-assembled upstream FusedMoE
+    import moe_layer  # test/cpu's hand-assembled upstream FusedMoE (on pytest.ini's pythonpath)
 
+    from sglang.sm120.runner import lean_moe
     from sglang.srt.layers.moe.fused_moe_triton import layer as layer_mod
     from sglang.srt.runtime_context import get_context
 
-    fm, _ = helpers.lean_moe._upstream()
+    fm, _ = lean_moe._upstream()
     mp = pytest.MonkeyPatch()
     mp.setenv("SGLANG_SM120_DYNAMO_FREE", "1")  # as under layerwise
     for mod in (layer_mod, fm):
@@ -49,7 +48,8 @@ def lean_env():
     ctx = get_context()
     saved = ctx._server_args
     ctx._server_args = SimpleNamespace(enable_fused_moe_sum_all_reduce=False, enable_deterministic_inference=False)
-    yield helpers
+    yield SimpleNamespace(make_layer=moe_layer.make_layer, make_inputs=moe_layer.make_inputs,
+                          LeanMoe=lean_moe.LeanMoe, lean_moe=lean_moe)
     ctx._server_args = saved
     mp.undo()
 

@@ -2,25 +2,23 @@
 and check it.
 
 Run on a GPU host with the fork installed:
-    PYTHONPATH=/tmp/site:python python3 -m pytest -m gpu -q test/gpu/test_serving_tiny.py
+    PYTHONPATH=/tmp/site python3 -m pytest -m gpu -q test/gpu/test_serving_tiny.py
 Thresholds and their derivation: docs/tiny-models.md ("Serving tests").
 Selecting: the ids are "<arch>-<quant>" and no test name contains a quant, so `-k bf16` starts
 only bf16 servers, `-k nvfp4` only NVFP4 ones, `-k glm_moe_dsa` both of that arch.
 """
 from __future__ import annotations
 
-import os
-import sys
 import time
 
 import pytest
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import server as harness  # noqa: E402
+from sglang.sm120 import launcher
+from sglang.sm120.tiny.serving import TINY_MODELS
 
 pytestmark = pytest.mark.gpu
 
-MODELS = harness.TINY_MODELS
+MODELS = TINY_MODELS
 NVFP4_MODELS = [m for m in MODELS if m.endswith("-nvfp4")]
 GEN_TOKENS = 16
 
@@ -30,7 +28,7 @@ def _all(ids):
 
 
 def _generate(srv, payload, timeout=300.0):
-    return harness.request_json(srv.url + "/generate", payload, timeout=timeout)
+    return launcher.request_json(srv.url + "/generate", payload, timeout=timeout)
 
 
 def _reference(srv):
@@ -110,8 +108,8 @@ def test_chat_completion_is_well_formed(server, serving):
     messages = [{"role": "system", "content": "You answer briefly."},
                 {"role": "user", "content": "Name a color and an animal."}]
     body = {"model": server.name, "messages": messages, "max_tokens": 12, "temperature": 0.0}
-    r = harness.request_json(server.url + "/v1/chat/completions", body, timeout=300.0)
-    again = harness.request_json(server.url + "/v1/chat/completions", body, timeout=300.0)
+    r = launcher.request_json(server.url + "/v1/chat/completions", body, timeout=300.0)
+    again = launcher.request_json(server.url + "/v1/chat/completions", body, timeout=300.0)
     assert r["object"] == "chat.completion", r
     assert r["model"] == server.name, r
     assert len(r["choices"]) == 1, r
@@ -127,7 +125,7 @@ def test_chat_completion_is_well_formed(server, serving):
     text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     assert usage["prompt_tokens"] == len(tok.encode(text, add_special_tokens=False)), (usage, text)
     assert again["choices"][0]["message"]["content"] == choice["message"]["content"]
-    models = harness.request_json(server.url + "/v1/models")
+    models = launcher.request_json(server.url + "/v1/models")
     assert server.name in [m["id"] for m in models["data"]], models
     serving.record(server.name, "chat_content", choice["message"]["content"])
 
@@ -188,4 +186,4 @@ def test_shutdown_is_clean(server, serving):
     serving.record(server.name, "shutdown", report.__dict__)
     serving.say(f"{server.name}: shutdown {report.seconds:.1f}s, clean={report.clean}")
     assert report.clean, (f"{server.name}: unclean shutdown {report}; log tail:\n"
-                          f"{harness.log_tail(server.log_path)}")
+                          f"{launcher.log_tail(server.log_path)}")

@@ -13,13 +13,11 @@ import argparse
 import json
 import os
 import shlex
-import signal
-import subprocess
 import sys
-import time
 import urllib.error
-import urllib.request
 from typing import List, Optional
+
+from sglang.sm120.launcher import Server, ServerError, request_json
 
 # Triton attention and PyTorch sampling need no FlashInfer JIT, so a fresh host starts without
 # nvcc builds; the layerwise runner captures decode and prefill segments for them all the same.
@@ -95,11 +93,11 @@ def ensure_model(cache_dir: str, arch: str, quant: str, seed: int) -> str:
     return path
 
 
-def server_command(model_dir: str, a, extra: List[str]) -> List[str]:
-    return ([sys.executable, "-m", "sglang.launch_server", "--model-path", model_dir,
-             "--host", a.host, "--port", str(a.port),
-             "--served-model-name", f"tiny-{a.arch}-{a.quant}"]
-            + DEMO_SERVER_ARGS + list(extra))
+def make_server(model_dir: str, a, extra: List[str]) -> Server:
+    """The demo's server: its defaults, then the passed-through flags (later flags win), writing
+    to this terminal."""
+    return Server(name=f"tiny-{a.arch}-{a.quant}", model_dir=model_dir, log_path=None,
+                  args=DEMO_SERVER_ARGS + list(extra), port=a.port, host=a.host)
 
 
 def _has_cuda_gpu() -> bool:
@@ -110,53 +108,19 @@ def _has_cuda_gpu() -> bool:
     return torch.cuda.is_available() and torch.cuda.device_count() > 0
 
 
-def _get(url: str, timeout: float = 5.0) -> int:
-    with urllib.request.urlopen(url, timeout=timeout) as r:
-        return r.status
-
-
-def wait_ready(url: str, proc: subprocess.Popen, timeout_s: float) -> float:
-    """Seconds until GET /model_info answers 200; raises if the server exits or time runs out."""
-    t0 = time.monotonic()
-    while time.monotonic() - t0 < timeout_s:
-        code = proc.poll()
-        if code is not None:
-            raise RuntimeError(f"the server exited with code {code} before it was ready")
-        try:
-            if _get(url + "/model_info") == 200:
-                return time.monotonic() - t0
-        except (urllib.error.URLError, OSError):
-            pass
-        time.sleep(1.0)
-    raise TimeoutError(f"the server did not answer within {timeout_s:.0f} s")
-
-
 def greedy_answer(url: str, prompt: str = DEMO_PROMPT, max_new_tokens: int = 16) -> str:
-    body = json.dumps({"text": prompt, "sampling_params": {"max_new_tokens": max_new_tokens,
-                                                           "temperature": 0}}).encode()
-    req = urllib.request.Request(url + "/generate", data=body, headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=300) as r:
-        return json.loads(r.read())["text"]
+    body = {"text": prompt, "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0}}
+    return request_json(url + "/generate", body, timeout=300)["text"]
 
 
-def _stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
-def serve(cmd: List[str], url: str, once: bool, ready_timeout: float) -> int:
-    proc = subprocess.Popen(cmd)
+def serve(srv: Server, once: bool, ready_timeout: float) -> int:
+    srv.start()
     try:
         try:
-            ready_s = wait_ready(url, proc, ready_timeout)
-            print(f"[demo] ready in {ready_s:.1f} s at {url}", file=sys.stderr, flush=True)
-            text = greedy_answer(url)
-        except (RuntimeError, TimeoutError, urllib.error.URLError, OSError, KeyError, ValueError) as e:
+            ready_s = srv.wait_ready(ready_timeout)
+            print(f"[demo] ready in {ready_s:.1f} s at {srv.url}", file=sys.stderr, flush=True)
+            text = greedy_answer(srv.url)
+        except (ServerError, urllib.error.URLError, OSError, KeyError, ValueError) as e:
             print(f"[demo] error: {e}", file=sys.stderr)
             return 1
         print(f"[demo] greedy answer to {DEMO_PROMPT!r}: {text!r}", file=sys.stderr)
@@ -164,11 +128,11 @@ def serve(cmd: List[str], url: str, once: bool, ready_timeout: float) -> int:
         if once:
             return 0
         print("[demo] serving; Ctrl-C stops the server", file=sys.stderr, flush=True)
-        return proc.wait()
+        return srv.proc.wait()
     except KeyboardInterrupt:
         return 0
     finally:
-        _stop(proc)
+        srv.stop()
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -188,12 +152,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    cmd = server_command(model_dir, a, extra)
-    url = f"http://{a.host}:{a.port}"
-    print(f"[demo] {shlex.join(cmd)}", file=sys.stderr, flush=True)
+    srv = make_server(model_dir, a, extra)
+    print(f"[demo] {shlex.join(srv.command())}", file=sys.stderr, flush=True)
     if a.dry_run:
         return 0
-    return serve(cmd, url, a.once, a.ready_timeout)
+    return serve(srv, a.once, a.ready_timeout)
 
 
 if __name__ == "__main__":

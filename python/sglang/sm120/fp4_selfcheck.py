@@ -14,7 +14,7 @@ What: a synthetic weight with the layer's K and N (N capped so the check holds a
 MAX_CHECK_ELEMENTS weight elements; the kernels tile N in 128-row groups, so the cap keeps every
 code path while bounding memory at load time), repacked and applied through the same glue as a
 real layer, at each M of CHECK_MS (W4A16 warp-K and split-K, W4A4 above the W4A16 limit), against
-the fp32 product of the dequantized operands, with the tolerance of check.tolerance.
+the fp32 product of the dequantized operands, with the tolerance of fp4_tolerance.
 
 On a mismatch or an exception: ONE error line naming shape, M, path and error, then the process
 falls back: fp4_backend stops offering sm120 to `auto`, and upstream's FP4 GEMM config is
@@ -101,9 +101,9 @@ def verify_shape(n: int, k: int, device, ms: Sequence[int] = CHECK_MS) -> Outcom
     """Run the backend on a synthetic N x K weight at each M of `ms` against the reference (GPU)."""
     import torch
 
-    from sglang.sm120 import fp4_linear
+    from sglang.sm120 import fp4_layer
     from sglang.sm120 import nvfp4 as F
-    from sglang.sm120.check.tolerance import compare, exact_dequant
+    from sglang.sm120.fp4_tolerance import compare, exact_dequant, reference_gemm
 
     t0 = time.perf_counter()
     rows = checked_rows(n, k)
@@ -122,19 +122,19 @@ def verify_shape(n: int, k: int, device, ms: Sequence[int] = CHECK_MS) -> Outcom
         x = torch.randn(max(ms), k, device=device, generator=g).to(torch.bfloat16)
         in_s = F.input_scale_from_amax(x.float().abs().max())
         layer = _synthetic_layer(q, in_s)
-        fp4_linear.repack(layer)
+        fp4_layer.repack(layer)
         for i, m in enumerate(ms):
             xm = x[:m]
-            if fp4_linear.uses_w4a16(m):
+            if fp4_layer.uses_w4a16(m):
                 path = "W4A16"
                 xd = xm.float()
             else:
                 path = "W4A4"
                 xd = exact_dequant(*F.quantize_nvfp4(xm, 1.0 / in_s), in_s)
-            y = fp4_linear.apply(layer, xm)
+            y = fp4_layer.apply(layer, xm)
             if fault and i == 0:
                 y = corrupt_one(y)
-            c = compare(y, xd @ wd.t(), xd.abs() @ wd.abs().t())
+            c = compare(y, *reference_gemm(xd, wd))
             if not c.ok:
                 return outcome(False, m=m, path=path, error=c.summary())
         torch.cuda.synchronize(device)

@@ -348,6 +348,13 @@ def text(name: str, environ: Optional[Mapping[str, str]] = None) -> Optional[str
     return _typed(name, "str", environ)
 
 
+def raw(name: str, environ: Optional[Mapping[str, str]] = None) -> Optional[str]:
+    """The text of a registered str setting exactly as set: None when unset, '' when set empty
+    (for a variable whose empty value means something of its own)."""
+    _typed(name, "str", environ)
+    return (os.environ if environ is None else environ).get(name)
+
+
 # ------------------------------------------------------------------------ repository scan
 
 SCANNED_SUFFIXES = (".py", ".sh", ".cu", ".cuh", ".h", ".patch")

@@ -2,7 +2,7 @@
 dequantized reference on the model shapes at M = 1..4096, and the server's self-check.
 
 The reference is sglang.sm120.nvfp4 (pure PyTorch, from the format description); the tolerance
-is check.tolerance (the one test/gpu/test_kernels.py holds the kernels to). Each result is a dict
+is sglang.sm120.fp4_tolerance (the one the server's self-check and test/gpu/test_kernels.py use). Each result is a dict
 {name, ok, detail}; the stage fails when any is not ok.
 """
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Callable, Dict, List, Sequence, Tuple
 
 import torch
 
-from .tolerance import compare, exact_dequant
+from sglang.sm120.fp4_tolerance import compare, exact_dequant, reference_gemm
 
 GEMM_MS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 1024, 4096)
 
@@ -125,7 +125,7 @@ def run_gemms(shapes: Sequence[Tuple[str, int, int]], ms: Sequence[int], log: Ca
                             xs = xd4[:m]
                         if fault and not out and not rows:
                             y = corrupt_one(y)
-                        c = compare(y, xs @ wd.t(), xs.abs() @ wd.abs().t())
+                        c = compare(y, *reference_gemm(xs, wd))
                         rows.append(_result(label, c.ok, c.summary()))
                     except Exception as exc:
                         rows.append(_result(label, False, f"{type(exc).__name__}: {exc}".splitlines()[0]))

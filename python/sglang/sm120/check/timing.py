@@ -1,7 +1,7 @@
 """Timing stage: our sm120 backend beside every upstream FP4 backend this GPU runs, and bf16.
 
 Every backend is timed as a whole linear layer (what a server pays per call: upstream's apply with
-its activation quantization; ours through sglang.sm120.fp4_linear; bf16 as torch's linear) on the
+its activation quantization; ours through sglang.sm120.fp4_layer; bf16 as torch's linear) on the
 same weight, by gemm_timing.time_ops (CUDA-graph replays over rotating weight copies larger than
 L2). `x <backend>` = that backend's time / ours (> 1: ours is faster); `% copy BW` = bytes a call
 must move (FP4 weights + scales, bf16 activations and output; bf16 weights for bf16) per second,
@@ -31,18 +31,18 @@ def _geomean(v: Sequence[float]):
 
 
 def _ours_layers(q: dict, input_scale: torch.Tensor, copies: int) -> list:
-    from sglang.sm120 import fp4_linear
+    from sglang.sm120 import fp4_layer
     from sglang.sm120.fp4_selfcheck import _synthetic_layer
 
     layer = _synthetic_layer(q, input_scale)
-    fp4_linear.repack(layer)
+    fp4_layer.repack(layer)
     return [layer] + [U.clone_layer(layer) for _ in range(copies - 1)]
 
 
 def _ref(kind: str, x: torch.Tensor, input_scale, wd: torch.Tensor) -> torch.Tensor:
     from sglang.sm120 import nvfp4 as F
 
-    from .tolerance import exact_dequant
+    from sglang.sm120.fp4_tolerance import exact_dequant
 
     if kind == "w4a16":
         return x.float() @ wd.t()
@@ -52,10 +52,10 @@ def _ref(kind: str, x: torch.Tensor, input_scale, wd: torch.Tensor) -> torch.Ten
 def time_shape(name: str, n: int, k: int, ms: Sequence[int], l2: int, copy_bw: float, reps: int,
                status: Dict[str, Dict], log: Callable[[str], None]) -> List[Dict]:
     """One row per M: microseconds per call of ours, bf16 and each upstream backend that works."""
-    from sglang.sm120 import fp4_linear
+    from sglang.sm120 import fp4_layer
     from sglang.sm120 import nvfp4 as F
 
-    from .tolerance import exact_dequant
+    from sglang.sm120.fp4_tolerance import exact_dequant
 
     w, q = T.shape_weight(n, k)
     wb = w.to(torch.bfloat16)
@@ -67,7 +67,7 @@ def time_shape(name: str, n: int, k: int, ms: Sequence[int], l2: int, copy_bw: f
     wd = exact_dequant(q["weight"], q["weight_scale"], q["weight_scale_2"])
     x_chk = x_all[:64]
     ops: Dict[str, Tuple[list, Callable]] = {
-        OURS: (_ours_layers(q, in_s, fp4_copies), fp4_linear.apply),
+        OURS: (_ours_layers(q, in_s, fp4_copies), fp4_layer.apply),
         BF16: ([wb] + [wb.clone() for _ in range(T.copies_for(2 * n * k, l2) - 1)], torch.nn.functional.linear),
     }
     for b in U.names():

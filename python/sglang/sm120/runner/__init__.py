@@ -6,7 +6,6 @@ Design and the upstream hook points: docs/runner.md. Modules:
   segments    SegmentedGraph / SegmentCapture (graph factory injectable)
   boundary    the eager-island boundary the FusedMoE.forward hook calls into
   layerwise   per-size capture and the largest-first / OOM / fallback policy
-  cpu_graph   a CPU CUDA-graph emulator used by the tests
   config      server_args resolution for the `layerwise` backend (sglang glue)
   backend     capture backends plugged into upstream's runners (sglang glue)
   runners     upstream runner subclasses: deferred capture, eager-fallback logging

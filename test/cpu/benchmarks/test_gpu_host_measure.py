@@ -1,0 +1,248 @@
+"""benchmarks/gpu_queue.sh: steps in order, each logged, a failed step does not stop the queue."""
+import os
+import subprocess
+
+import pytest
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[3]
+SCRIPT = REPO / "benchmarks" / "gpu_queue.sh"
+
+
+def run(tmp_path, *steps, fail=""):
+    fake = tmp_path / "python"
+    # stands in for python3: records its arguments, fails when they contain $FAIL
+    fake.write_text('#!/bin/sh\necho "$@${SGLANG_SM120_LAYERWISE_ZERO_COPY:+ [zero-copy]}'
+                    '${SGLANG_SM120_LEAN_MOE:+ [lean=$SGLANG_SM120_LEAN_MOE]}" >> "$CALLS"\n'
+                    'case "$*" in *"$FAIL"*) [ -n "$FAIL" ] && { echo "1 failed"; exit 1; } ;; esac\n'
+                    'echo "1 passed"\n')
+    fake.chmod(0o755)
+    env = dict(os.environ, PYTHON=str(fake), NCU=str(fake), CALLS=str(tmp_path / "calls"), FAIL=fail,
+               CORRECTNESS_FULL_STAGGER_S="0")
+    proc = subprocess.run(["bash", str(SCRIPT), str(tmp_path / "res"), *steps], env=env,
+                          capture_output=True, text=True, timeout=60)
+    calls = (tmp_path / "calls").read_text().splitlines() if (tmp_path / "calls").exists() else []
+    return proc, calls
+
+
+def test_steps_run_in_order_and_a_failure_does_not_stop_the_queue(tmp_path):
+    proc, calls = run(tmp_path, "fp4", "runner", "traps", fail="bench_runner")
+    assert proc.returncode == 1
+    assert [c.split()[0] for c in calls] == ["benchmarks/bench_fp4_gemm.py", "benchmarks/bench_runner.py", "-m"]
+    assert "--results-dir " + str(tmp_path / "res") in calls[0]
+    assert "test/gpu/test_layerwise_traps.py" in calls[2]
+    assert "runner: rc 1" in proc.stdout and "failed steps: runner" in proc.stdout
+    assert (tmp_path / "res" / "fp4.log").read_text().strip() == "1 passed"
+
+
+def test_unknown_step_is_refused(tmp_path):
+    proc, calls = run(tmp_path, "fp4", "nope")
+    assert proc.returncode == 2 and "unknown step nope" in proc.stdout
+    assert calls == []  # refused before the first step ran
+
+
+def test_serving_steps_run_only_when_named(tmp_path):
+    proc, calls = run(tmp_path, "serving", "soak")
+    assert proc.returncode == 0, proc.stdout
+    assert [c.split()[0] for c in calls] == ["benchmarks/bench_serving_matrix.py", "benchmarks/soak.py"]
+    default = tmp_path / "default"
+    default.mkdir()
+    proc, calls = run(default)  # no steps named: the default list, without the serving session
+    # 15 steps; correctness-full runs nine processes, correctness-alone two, `kernels`
+    # kernels_check.sh (build, smoke, pytest: 3 calls), prefill-fa2 two
+    assert proc.returncode == 0 and len(calls) == 27
+    # the whole correctness grid first (what #4 still has to show), one model alone twice, then
+    # SM120's prefill plan, the runner
+    assert all("test_layerwise_correctness.py" in c and "--basetemp" in c for c in calls[:11])
+    assert calls[9].endswith("-k deepseek_v2-bf16") and calls[10].endswith("-k deepseek_v2-bf16 [lean=0]")
+    assert calls[11].startswith("benchmarks/bench_runner.py") and "--configs layerwise_fa2_prefill" in calls[11]
+    assert "test_layerwise_correctness.py" in calls[12] and calls[13].startswith("benchmarks/bench_runner.py")
+    assert "--configs layerwise_zero_copy" in calls[14]
+    assert not {c.split()[0] for c in calls} & {"benchmarks/bench_serving_matrix.py", "benchmarks/soak.py"}
+
+
+def test_serving_soak_step_soaks_the_matrix_layerwise_server(tmp_path):
+    proc, calls = run(tmp_path, "serving-soak")
+    assert proc.returncode == 0, proc.stdout
+    assert len(calls) == 1 and calls[0].startswith("benchmarks/bench_serving_matrix.py")
+    assert "--then-soak 10" in calls[0] and "--copy-to " + str(tmp_path / "res" / "serving-copy") in calls[0]
+
+
+def test_serving_diag_step_runs_one_server_with_four_clients_then_the_soak(tmp_path):
+    proc, calls = run(tmp_path, "client-ceiling", "serving-diag")
+    assert proc.returncode == 0, proc.stdout
+    assert [c.split()[0] for c in calls] == ["benchmarks/client_ceiling.py", "benchmarks/bench_serving_matrix.py"]
+    diag = calls[1]
+    assert "--configs layerwise --concurrency 1024 --client-procs 4 --then-soak 10" in diag
+
+
+def test_lean_moe_step_runs_the_gpu_test_with_a_results_dir(tmp_path):
+    proc, calls = run(tmp_path, "lean-moe")
+    assert proc.returncode == 0 and len(calls) == 1
+    assert calls[0].startswith("-m pytest -m gpu") and "test/gpu/test_lean_moe.py" in calls[0]
+
+
+def test_serving_tw4_step_widens_the_streaming_path_for_every_server(tmp_path):
+    proc, calls = run(tmp_path, "serving-tw4")
+    assert proc.returncode == 0 and len(calls) == 1
+    assert "--client-procs 4" in calls[0] and "--server-args --tokenizer-worker-num 4" in calls[0]
+    assert "--then-soak 10" in calls[0] and "--tag h200 " in calls[0]
+
+
+def test_ncu_step_profiles_the_w4a16_cases_with_the_clocks_left_alone(tmp_path):
+    proc, calls = run(tmp_path, "fp4-ncu")
+    assert proc.returncode == 0, proc.stdout
+    assert len(calls) == 1 and calls[0].startswith("--clock-control none --profile-from-start off")
+    assert "lab/fp4_lab.py profile" in calls[0]
+    assert "--log-file " + str(tmp_path / "res" / "fp4-ncu.txt") in calls[0]
+
+
+
+def test_fp4_lab_parses_every_call_the_lab_drivers_make(tmp_path):
+    """The ncu step's and lib_ab.sh's fp4_lab.py command lines name a subcommand and flags that exist
+    (argparse exits 2 on an unknown one), and every subcommand's --help runs without torch."""
+    import importlib.util
+    import sys
+
+    spec = importlib.util.spec_from_file_location("fp4_lab", REPO / "lab" / "fp4_lab.py")
+    lab = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(lab)
+    proc, calls = run(tmp_path, "fp4-ncu")
+    assert proc.returncode == 0, proc.stdout
+    argv = calls[0].split("lab/fp4_lab.py ", 1)[1].split()
+    assert lab.parser().parse_args(argv).func is lab.profile
+    assert "lab/fp4_lab.py kernel-ab" in (REPO / "lab" / "lib_ab.sh").read_text()
+    args = lab.parser().parse_args(["kernel-ab", "--out", "x", "--kernels", "auto", "--ms", "1,4", "--shapes", "q_b"])
+    assert args.func is lab.kernel_ab and lab.int_list(args.ms) == [1, 4]
+    assert lab.parse_case("16384,2048,1,warps=8,cluster=1") == (16384, 2048, 1, {"warps": 8, "cluster": True})
+    env = dict(os.environ, PYTHONPATH="")
+    for sub in ("order-probe", "marlin-rows", "pdl-chain", "profile", "hot-cold", "kernel-ab"):
+        done = subprocess.run([sys.executable, "-S", str(REPO / "lab" / "fp4_lab.py"), sub, "--help"], env=env,
+                              capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0 and f"fp4_lab.py {sub}" in done.stdout, done.stderr
+    bad = subprocess.run([sys.executable, str(REPO / "lab" / "fp4_lab.py"), "no-such"], capture_output=True,
+                         text=True, timeout=60)
+    assert bad.returncode == 2 and "invalid choice" in bad.stderr
+
+def test_ncu_step_fails_plainly_without_ncu(tmp_path):
+    fake = tmp_path / "python"
+    fake.write_text("#!/bin/sh\necho 1 passed\n")
+    fake.chmod(0o755)
+    env = dict(os.environ, PYTHON=str(fake), NCU="", PATH="/usr/bin:/bin")
+    proc = subprocess.run(["bash", str(SCRIPT), str(tmp_path / "res"), "fp4-ncu"], env=env,
+                          capture_output=True, text=True, timeout=60)
+    if "no ncu" not in proc.stdout:
+        pytest.skip("this machine has an ncu on the searched paths")
+    assert proc.returncode == 1 and "failed steps: fp4-ncu" in proc.stdout
+
+
+def test_usage_prints_the_whole_header(tmp_path):
+    proc = subprocess.run(["bash", str(SCRIPT)], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert "fp4-ncu" in proc.stderr and "serving-tw4" in proc.stderr and "set -uo" not in proc.stderr
+
+
+def test_kernels_step_builds_smokes_and_tests_without_the_quick_benchmark(tmp_path):
+    proc, calls = run(tmp_path, "kernels")
+    assert proc.returncode == 0, proc.stdout
+    assert [c.split()[:2] for c in calls] == [["-m", "forkbuild.kernels"], ["lab/kernels_smoke.py"],
+                                              ["-m", "pytest"]]
+    assert "bench: skipped (BENCH_CAP=0)" in (tmp_path / "res" / "kernels-check" / "summary.txt").read_text()
+
+
+def test_graph_memory_step_runs_the_probe_into_the_results(tmp_path):
+    proc, calls = run(tmp_path, "graph-memory")
+    assert proc.returncode == 0, proc.stdout
+    assert calls == [f"lab/graph_memory_probe.py --out {tmp_path / 'res' / 'graph-memory.json'}"]
+
+
+def test_graph_memory_probe_says_it_needs_a_gpu(tmp_path):
+    import sys
+
+    pytest.importorskip("torch")
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present: the probe would run")
+    proc = subprocess.run([sys.executable, str(REPO / "lab" / "graph_memory_probe.py"),
+                           "--out", str(tmp_path / "g.json")], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "needs a CUDA GPU" in proc.stderr and not (tmp_path / "g.json").exists()
+
+
+def test_prefill_fa2_step_benchmarks_and_checks_correctness_under_the_switch(tmp_path):
+    proc, calls = run(tmp_path, "prefill-fa2")
+    assert proc.returncode == 0, proc.stdout
+    assert calls[0].startswith("benchmarks/bench_runner.py") and "--configs layerwise_fa2_prefill" in calls[0]
+    assert "test/gpu/test_layerwise_correctness.py" in calls[1] and '-k qwen3_moe-bf16' in calls[1]
+    assert (tmp_path / "res" / "fa2").is_dir()
+    assert "SGLANG_SM120_LAYERWISE_PREFILL_ATTENTION=fa2" in SCRIPT.read_text()
+
+
+def test_full_grid_step_runs_each_model_in_its_own_process_and_reports_each_failure(tmp_path, monkeypatch):
+    monkeypatch.setenv("CORRECTNESS_FULL_STAGGER_S", "0")
+    proc, calls = run(tmp_path, "correctness-full", fail="-k qwen3_moe-nvfp4")
+    assert proc.returncode == 1, proc.stdout
+    runs = sorted(c.split(" -k ")[1] for c in calls)
+    assert runs == ["deepseek_v2-bf16", "deepseek_v2-nvfp4", "glm4_moe-bf16", "glm4_moe-nvfp4", "glm_moe_dsa-bf16",
+                    "glm_moe_dsa-nvfp4", "qwen3_moe-bf16", "qwen3_moe-bf16 [zero-copy]",
+                    "qwen3_moe-nvfp4"]  # the eight models, and qwen3_moe bf16 again under zero-copy
+    assert all("test/gpu/test_layerwise_correctness.py" in c for c in calls)
+    assert len({c.split("--basetemp ")[1].split()[0] for c in calls}) == 9  # no shared pytest tmp dir
+    assert (tmp_path / "res" / "correctness-full-qwen3_moe-bf16-zero-copy.log").is_file()
+    assert "failed steps: correctness-full-qwen3_moe-nvfp4" in proc.stdout
+    assert (tmp_path / "res" / "correctness-full-deepseek_v2-bf16.log").read_text().strip() == "1 passed"
+    text = SCRIPT.read_text()
+    block = text[text.index("    correctness-full)"):text.index("    eager-warmup)")]
+    assert "SGLANG_SM120_GPU_QUICK" not in block and "SGLANG_SM120_GPU_MAX_TOKENS=" in block
+
+
+def test_alone_step_runs_one_model_alone_then_with_upstreams_moe(tmp_path, monkeypatch):
+    monkeypatch.delenv("SGLANG_SM120_LEAN_MOE", raising=False)
+    proc, calls = run(tmp_path, "correctness-alone")
+    assert proc.returncode == 0, proc.stdout
+    assert calls[0].endswith("-k deepseek_v2-bf16") and calls[1].endswith("-k deepseek_v2-bf16 [lean=0]")
+    assert calls[0].split("--basetemp ")[1].split()[0] != calls[1].split("--basetemp ")[1].split()[0]
+    assert (tmp_path / "res" / "correctness-alone-deepseek_v2-bf16-upstream-moe.log").is_file()
+    text = SCRIPT.read_text()
+    block = text[text.index("    correctness-alone)"):text.index("    eager-warmup)")]
+    assert "SGLANG_SM120_GPU_QUICK" not in block  # the whole grid
+
+
+def test_fp4_ab_step_needs_the_old_library(tmp_path):
+    proc, calls = run(tmp_path, "fp4-ab")
+    assert proc.returncode == 1 and "set FP4_AB_OLD_LIB" in proc.stdout and calls == []
+
+
+def test_fp4_ab_step_times_new_old_new_on_every_shape_then_compares(tmp_path, monkeypatch):
+    monkeypatch.setenv("FP4_AB_OLD_LIB", "/old/lib")
+    proc, calls = run(tmp_path, "fp4-ab")
+    assert proc.returncode == 0, proc.stdout
+    ab = tmp_path / "res" / "fp4-ab"
+    assert [c.split()[0] for c in calls] == ["benchmarks/bench_fp4_gemm.py"] * 3 + ["lab/compare_fp4.py"]
+    assert [c.split("--results-dir ")[1] for c in calls[:3]] == [str(ab / r) for r in ("new1", "old", "new2")]
+    assert all("--no-tune --shapes  " in c for c in calls[:3])  # "" = every shape
+    assert "--base " + str(ab / "old") in calls[3]
+
+
+def test_steps_use_the_installed_library_unless_the_kernels_step_built_one(tmp_path, monkeypatch):
+    """Pointing SGLANG_SM120_KERNEL_LIB at the tree's library when it is absent would hide the
+    installed fork's own (the check then fails at its env stage)."""
+    monkeypatch.delenv("SGLANG_SM120_KERNEL_LIB", raising=False)
+    fake = tmp_path / "python"
+    fake.write_text('#!/bin/sh\necho "lib=${SGLANG_SM120_KERNEL_LIB:-unset}" >> "$CALLS"\necho "1 passed"\n')
+    fake.chmod(0o755)
+    env = dict(os.environ, PYTHON=str(fake), CALLS=str(tmp_path / "calls"))
+    proc = subprocess.run(["bash", str(SCRIPT), str(tmp_path / "res"), "sm120-check", "fp4"], env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    calls = (tmp_path / "calls").read_text().splitlines()
+    assert len(calls) >= 2 and set(calls) == {"lib=unset"}, calls
+
+
+def test_gpu_suite_step_runs_every_gpu_test_but_the_grid(tmp_path, monkeypatch):
+    monkeypatch.setenv("GPU_SUITE_K", "glm4_moe and bf16")
+    proc, calls = run(tmp_path, "gpu-suite")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (call,) = calls
+    assert call.startswith("-m pytest -m gpu") and call.rstrip().endswith("test/gpu")
+    assert "--ignore test/gpu/test_layerwise_correctness.py" in call and "-k glm4_moe and bf16" in call

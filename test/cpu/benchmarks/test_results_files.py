@@ -1,0 +1,148 @@
+"""The results of record: benchmarks/records.toml names one per benchmark, every file under
+benchmarks/results/ is named there, every results JSON carries a non-empty "targets" object
+({name: {value, target, met}}), docs/status.md is what benchmarks/status.py generates from them,
+and the tracked tree stays small (records of old runs live in git history, tag records-archive).
+
+Each check also runs on a broken temporary copy, to show that it fails."""
+import gzip
+import importlib.util
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.base_independent
+
+REPO = Path(__file__).resolve().parents[3]
+TREE_LIMIT_BYTES = 3_000_000
+
+
+def _status():
+    spec = importlib.util.spec_from_file_location("records_status", REPO / "benchmarks" / "status.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _copy(tmp_path: Path) -> Path:
+    """The registry, the results and the status page, in a repository-shaped temporary folder."""
+    (tmp_path / "benchmarks").mkdir(parents=True)
+    (tmp_path / "docs").mkdir()
+    shutil.copy(REPO / "benchmarks" / "records.toml", tmp_path / "benchmarks")
+    shutil.copytree(REPO / "benchmarks" / "results", tmp_path / "benchmarks" / "results")
+    shutil.copy(REPO / "docs" / "status.md", tmp_path / "docs")
+    return tmp_path
+
+
+def _results_json(root: Path):
+    return sorted(p for p in (root / "benchmarks" / "results").rglob("*")
+                  if p.name.endswith((".json", ".json.gz")))
+
+
+def _targets_problems(root: Path, status) -> list:
+    bad = []
+    for f in _results_json(root):
+        doc = status.read_doc(f)
+        targets = doc.get("targets") if isinstance(doc, dict) else None
+        if not isinstance(targets, dict) or not targets:
+            bad.append(f"{f.name}: no non-empty top-level targets object")
+            continue
+        bad += [f"{f.name}: target {k} lacks value/target/met" for k, t in targets.items()
+                if not (isinstance(t, dict) and {"value", "target", "met"} <= set(t))]
+    return bad
+
+
+def test_every_results_json_has_non_empty_targets(tmp_path):
+    status = _status()
+    assert _results_json(REPO), "no results files found"
+    assert _targets_problems(REPO, status) == []
+    # a record whose targets are empty, one whose target lacks `met`: both reported
+    root = _copy(tmp_path)
+    (root / "benchmarks/results/soak-h200.json").write_text(json.dumps({"targets": {}}))
+    runner = root / "benchmarks/results/runner-h200.json.gz"
+    doc = status.read_doc(runner)
+    del doc["targets"]["decode_speedup_vs_eager_bs512"]["met"]
+    runner.write_bytes(gzip.compress(json.dumps(doc).encode()))
+    bad = _targets_problems(root, status)
+    assert any(b.startswith("soak-h200.json: no non-empty") for b in bad), bad
+    assert any("decode_speedup_vs_eager_bs512 lacks" in b for b in bad), bad
+
+
+def test_one_record_per_benchmark_and_every_file_registered(tmp_path):
+    status = _status()
+    assert status.problems(REPO) == []
+    # a second result of record beside the first (a suffixed copy), and a benchmark registered twice
+    root = _copy(tmp_path)
+    shutil.copy(root / "benchmarks/results/runner-h200.json.gz", root / "benchmarks/results/runner-h200-s2.json.gz")
+    reg = root / "benchmarks/records.toml"
+    text = reg.read_text()
+    first = text.index("[[record]]")
+    block = text[first:text.index("[[record]]", first + 1)]
+    reg.write_text(text + "\n" + block.replace('file = "benchmarks/results/runner-h200.json.gz"',
+                                               'file = "benchmarks/results/runner-h200-s2.json.gz"'))
+    bad = status.problems(root)
+    assert "benchmark runner-h200 has 2 records" in bad, bad
+    shutil.copy(REPO / "benchmarks/records.toml", reg)
+    bad = status.problems(root)
+    assert bad == ["benchmarks/results/runner-h200-s2.json.gz is not named in benchmarks/records.toml"], bad
+
+
+def test_status_page_is_generated_from_the_registry_and_files(tmp_path):
+    status = _status()
+    page = (REPO / "docs" / "status.md").read_text()
+    assert status.render(REPO) == page, "docs/status.md is stale: python benchmarks/status.py --write"
+    assert page.count("\n| [") == len(status.registry(REPO))  # one row per benchmark
+    # a record whose value changed: the stored page no longer matches
+    root = _copy(tmp_path)
+    soak = root / "benchmarks/results/soak-h200.json"
+    doc = json.loads(soak.read_text())
+    doc["targets"]["gpu_memory_drift_pct"]["value"] = 7.5
+    soak.write_text(json.dumps(doc))
+    assert status.render(root) != (root / "docs/status.md").read_text()
+
+
+def _tracked_bytes(root: Path) -> int:
+    out = subprocess.run(["git", "-C", str(root), "ls-files", "-z"], capture_output=True, check=True).stdout
+    return sum((root / p).stat().st_size for p in out.decode().split("\0") if p and (root / p).is_file())
+
+
+def test_tracked_tree_is_small(tmp_path):
+    try:
+        subprocess.run(["git", "-C", str(REPO), "rev-parse", "--show-toplevel"], capture_output=True, check=True)
+    except (OSError, subprocess.CalledProcessError):
+        pytest.skip("not a git checkout (e.g. an unpacked sdist)")
+    size = _tracked_bytes(REPO)
+    assert size < TREE_LIMIT_BYTES, f"tracked files hold {size} bytes (limit {TREE_LIMIT_BYTES}); old records belong in git history"
+    # a repository holding one 3 MB file is over the limit
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    (tmp_path / "big.log").write_bytes(b"x" * TREE_LIMIT_BYTES)
+    subprocess.run(["git", "-C", str(tmp_path), "add", "big.log"], check=True)
+    assert _tracked_bytes(tmp_path) >= TREE_LIMIT_BYTES
+
+
+def test_take_copies_a_runs_outputs_to_the_record_paths(tmp_path):
+    """`status.py --take RESULTS`: each registered output (and its report and log) found in a run's
+    folder becomes the record, compressed where the record is .gz; the records' own contents laid
+    out as a run would write them come back unchanged."""
+    status = _status()
+    run = tmp_path / "run"
+    for e in status.registry(REPO):
+        if not e.get("output"):
+            continue
+        out = run / e["output"]
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_bytes(json.dumps(status.read_doc(REPO / e["file"])).encode())
+        if e.get("md"):
+            shutil.copy(REPO / e["md"], out.with_suffix(".md"))
+    root = _copy(tmp_path / "repo")
+    for f in (root / "benchmarks/results").glob("*.json*"):
+        f.unlink()
+    taken = status.take(run, root)
+    assert len(taken) == sum(1 for e in status.registry(REPO) if e.get("output")) >= 15
+    for e in status.registry(REPO):
+        if e.get("output"):
+            assert status.read_doc(root / e["file"]) == status.read_doc(REPO / e["file"]), e["name"]
+            assert (root / e["file"]).name.endswith(".gz") == e["file"].endswith(".gz")
+    assert status.take(tmp_path / "empty", root) == []
