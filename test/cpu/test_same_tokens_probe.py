@@ -119,3 +119,22 @@ def test_main_on_fake_servers(tmp_path, monkeypatch):
     assert all(e["PYTHONPATH"].split(":")[0].endswith("lab/variants") for e in _FakeServer.envs.values())
     md = (out / "same-tokens-probe.md").read_text()
     assert f"| seed | {n - 1}/{n} " in md and "| upstream | RuntimeError" in md
+
+
+def test_gpu_identity_test_workload_and_comparison():
+    """test/gpu/test_same_tokens.py's pure parts: the workload and the per-group identity count."""
+    gpu = load("test/gpu/test_same_tokens.py")
+    w = gpu.workload(1000)
+    assert w == gpu.workload(1000)
+    groups = {b["group"] for b in w}
+    assert groups == {"decode", "prefill", "prefix"}
+    assert [len(b["prompts"]) for b in w if b["group"] == "decode"] == gpu.DECODE_SIZES
+    assert max(len(p) for b in w for p in b["prompts"]) <= 4096
+    assert w[-1]["prompts"] == next(b for b in w if b["name"] == "prefill-mixed")["prompts"]  # cache hits
+    shared = next(b for b in w if b["name"] == "prefix-shared")["prompts"]
+    assert len({tuple(p[:gpu.PREFIX_LEN]) for p in shared}) == 1
+    batches = [{"group": "decode", "name": "d", "prompts": [[1], [2]]}, {"group": "prefill", "name": "p", "prompts": [[3]]}]
+    cells = gpu.same_tokens(batches, [[[1, 2], [3, 4]], [[5]]], [[[1, 2], [3, 9]], [[5]]])
+    assert cells["decode"] == {"identical": 1, "total": 2, "differ": ["d request 1 token 1"]}
+    assert gpu.fraction(cells) == round(2 / 3, 6) and gpu.fraction(cells, ("prefill",)) == 1.0
+    assert gpu.fraction({}) is None
