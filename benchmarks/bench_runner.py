@@ -21,9 +21,11 @@ median reported, every sample kept):
 
 and, when named with --configs, the first two layerwise ones on upstream's eager MoE path
 (SGLANG_SM120_LEAN_MOE=0): layerwise_upstream_moe, layerwise_every_size_upstream_moe; and
-layerwise_fa2_prefill, layerwise with its captured prefill attention on upstream's FA2 plan
-(SGLANG_SM120_LAYERWISE_PREFILL_ATTENTION=fa2, runner/prefill_attention.py; what SM120 runs, where
-FlashInfer has no FA3; the other layerwise configurations run the default, `auto`: FA3 on SM90);
+layerwise_captured_prefill and layerwise_fa2_prefill, layerwise with its opt-in captured prefill
+attention (SGLANG_SM120_LAYERWISE_PREFILL_ATTENTION=auto: FA3 on SM90, FA2 elsewhere; =fa2:
+upstream's captured-prefill plan; runner/prefill_attention.py); the other layerwise configurations
+run the default, `eager`: attention as an eager break with upstream's own forward, the tokens of
+graphs disabled;
 layerwise_zero_copy, layerwise with its lean MoE steps reading the segments' tensors in place
 (SGLANG_SM120_LAYERWISE_ZERO_COPY=1, runner/zero_copy.py).
 
@@ -108,13 +110,15 @@ UPSTREAM_MOE_OF = {"layerwise_upstream_moe": "layerwise", "layerwise_every_size_
 DEFAULT_CONFIGS = list(CONFIGS)
 CONFIGS.update({name: CONFIGS[of] for name, of in UPSTREAM_MOE_OF.items()})
 CONFIGS["layerwise_fa2_prefill"] = CONFIGS["layerwise"]
+CONFIGS["layerwise_captured_prefill"] = CONFIGS["layerwise"]
 CONFIGS["layerwise_zero_copy"] = CONFIGS["layerwise"]
 # environment a configuration adds to its one_batch process: every layerwise configuration names
 # its eager MoE path and its captured prefill attention, so a row means the same whatever the default
 _UPSTREAM_MOE, _LEAN_MOE = {"SGLANG_SM120_LEAN_MOE": "0"}, {"SGLANG_SM120_LEAN_MOE": "1"}
-_DEFAULT_PREFILL_ATTENTION = {"SGLANG_SM120_LAYERWISE_PREFILL_ATTENTION": "auto"}
+_DEFAULT_PREFILL_ATTENTION = {"SGLANG_SM120_LAYERWISE_PREFILL_ATTENTION": "eager"}
 # what an on-request configuration changes on top of the product's default
 _VARIANT_ENV = {"layerwise_fa2_prefill": {"SGLANG_SM120_LAYERWISE_PREFILL_ATTENTION": "fa2"},
+                "layerwise_captured_prefill": {"SGLANG_SM120_LAYERWISE_PREFILL_ATTENTION": "auto"},
                 "layerwise_zero_copy": {"SGLANG_SM120_LAYERWISE_ZERO_COPY": "1"}}
 CONFIG_ENV: Dict[str, Dict[str, str]] = {
     name: {**(_UPSTREAM_MOE if name in UPSTREAM_MOE_OF else _LEAN_MOE), **_DEFAULT_PREFILL_ATTENTION,
@@ -332,6 +336,7 @@ def compute_targets(runs: Dict[str, dict]) -> Dict[str, dict]:
                              "outside the allocator per size")
     _vs_upstream(t, runs, (("layerwise", "prefill"), ("layerwise_upstream_moe", "prefill_upstream_moe"),
                            ("layerwise_fa2_prefill", "prefill_fa2"),
+                           ("layerwise_captured_prefill", "prefill_captured"),
                            ("layerwise_zero_copy", "prefill_zero_copy")),
                  "prefill_s", ("1024", "4096"), "breakable_", "1.0")
     if lw and up:

@@ -10,6 +10,11 @@ NAME (one or more, comma-separated):
                            prepares batch N+1 only after batch N's forward)
   no-pinned-plan-wait      patch 0303 undone: FlashInfer MLA fast plans overwrite their pinned
                            buffer without waiting for the previous copy
+  plain-eager-helpers      Dynamo-free helpers run their plain bodies, not their eager twins
+                           (runner/dynamo_free.py: TWINS emptied)
+  compiled-helpers         Dynamo-free mode off in this process: upstream's torch.compile'd
+                           helpers compile and run as under upstream's configuration (leave the
+                           traps off: every call enters Dynamo)
 Each patch is applied right after its module's first import and says so on stderr.
 """
 import importlib.abc
@@ -38,7 +43,17 @@ def _no_pinned_plan_wait(module):
     module.wait_for_plan_copy = lambda wrapper: None
 
 
+def _plain_eager_helpers(module):
+    module.TWINS.clear()
+
+
+def _compiled_helpers(module):
+    module.dynamo_free = lambda: False
+
+
 PATCHES = {
+    "plain-eager-helpers": ("sglang.sm120.runner.dynamo_free", _plain_eager_helpers),
+    "compiled-helpers": ("sglang.sm120.runner.dynamo_free", _compiled_helpers),
     "no-warm-replay-metadata": ("sglang.sm120.runner.runners", _no_warm_replay_metadata),
     "no-overlap-schedule": ("sglang.srt.server_args", _no_overlap_schedule),
     "no-pinned-plan-wait": ("sglang.sm120.pinned_plan", _no_pinned_plan_wait),

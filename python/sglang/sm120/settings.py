@@ -144,10 +144,18 @@ SETTINGS: Tuple[Setting, ...] = (
     _s("LEAN_MOE_PREFILL_TOKENS", "int", 4096, "runtime",
        "Largest prefill bucket (tokens) given lean MoE steps; its workspace grows with the rows. "
        "0 turns lean prefill off (decode keeps it).", minimum=0, note="0 turns lean prefill off"),
-    _s("LAYERWISE_PREFILL_ATTENTION", "choice", "auto", "runtime",
-       "FlashInfer kernels of the captured prefill attention: auto (FlashInfer's rule: FA3 on SM90 "
-       "where it applies, FA2 elsewhere), fa2 (upstream's choice), fa3 (SM90 only).",
-       choices=("auto", "fa2", "fa3"), note="upstream's is fa2"),
+    _s("LAYERWISE_PREFILL_ATTENTION", "choice", "eager", "runtime",
+       "Attention in layerwise prefill: eager (a break between graph segments running upstream's own "
+       "attention forward, as graphs disabled and upstream's breakable prefill do: the same tokens), "
+       "or captured with fixed request slots (FlashInfer only; other tokens): auto (FlashInfer's rule: "
+       "FA3 on SM90 where it applies, FA2 elsewhere), fa2 (upstream's captured-prefill kernels), fa3 "
+       "(SM90 only).",
+       choices=("eager", "auto", "fa2", "fa3"), note="eager gives graphs-disabled tokens"),
+    _s("LAYERWISE_MOE_ROWS", "choice", "real", "runtime",
+       "Layerwise decode: the eager MoE between graph segments runs on the batch's real rows (real: "
+       "the kernel config graphs disabled picks for that batch, so the same tokens) or on all rows "
+       "of the captured size (padded).",
+       choices=("real", "padded")),
     _s("LAYERWISE_ZERO_COPY", "switch", False, "runtime",
        "Lean MoE steps read the tensors their segment wrote instead of copies staged into static "
        "buffers (one copy fewer per MoE input).", off="off, the default"),

@@ -163,7 +163,7 @@ def test_lean_configuration_sets_its_env_and_has_a_host_time_target(bench, tmp_p
 
 def test_upstream_moe_prefill_configuration_is_judged_against_breakable(bench):
     assert bench.CONFIG_ENV["layerwise_upstream_moe"] == {"SGLANG_SM120_LEAN_MOE": "0",
-                                                           "SGLANG_SM120_LAYERWISE_PREFILL_ATTENTION": "auto"}
+                                                           "SGLANG_SM120_LAYERWISE_PREFILL_ATTENTION": "eager"}
     assert bench.CONFIGS["layerwise_upstream_moe"] == bench.CONFIGS["layerwise"]  # same sizes, other MoE path
     up = _run({}, {1024: 28.0, 4096: 60.0}, _cap(3.0, 0.6, 20.0, 0.7))
     other = _run({}, {1024: 27.0, 4096: 63.0}, _cap(3.5, 0.6, 9.0, 0.5))
@@ -192,7 +192,7 @@ def test_every_layerwise_configuration_names_its_moe_path(bench):
         if name.startswith("layerwise"):
             want = "0" if name.endswith("_upstream_moe") else "1"
             assert bench.CONFIG_ENV[name]["SGLANG_SM120_LEAN_MOE"] == want, name
-            want = "fa2" if name == "layerwise_fa2_prefill" else "auto"
+            want = {"layerwise_fa2_prefill": "fa2", "layerwise_captured_prefill": "auto"}.get(name, "eager")
             assert bench.CONFIG_ENV[name]["SGLANG_SM120_LAYERWISE_PREFILL_ATTENTION"] == want, name
     assert bench.CONFIG_ENV["layerwise_fa2_prefill"]["SGLANG_SM120_LEAN_MOE"] == "1"
     assert bench.CONFIGS["layerwise_fa2_prefill"] == bench.CONFIGS["layerwise"]

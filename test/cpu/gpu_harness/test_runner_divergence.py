@@ -161,7 +161,28 @@ def test_other_kernels_are_held_to_the_controls_distance_from_graphs_disabled():
     assert _failures("full", _cell(732, 0, 0, delta=1.5), None, noise, "bf16")
 
 
+def test_identity_is_asserted_where_it_is_claimed():
+    """The default (eager prefill attention) claims graphs disabled's tokens: one flip fails, where
+    graphs disabled repeats itself; the opt-in captured attention keeps the tolerance rules."""
+    noise = _cell(4461, 0, 0)
+    control = _cell(3881, 518, 62)
+    verdict = C.judge("layerwise", _cell(4461, 0, 0), control, noise, "bf16", identical=True)
+    assert verdict.failures == [] and verdict.targets["layerwise_prompts_differing_from_disabled"] == {
+        "value": 0, "target": 0, "met": True}
+    bad = _failures("every_size", _cell(4460, 1, 0), control, noise, "bf16", identical=True)
+    assert len(bad) == 1 and "1 prompts differ from graphs disabled (identity is claimed)" in bad[0]
+    # the same counts pass the tolerance rule of the captured attention (no identity claimed)
+    assert _failures("every_size", _cell(4460, 1, 0), control, noise, "bf16") == []
+    # a reference that does not repeat itself cannot be matched exactly: tolerance rules apply
+    assert _failures("layerwise", _cell(4459, 2, 0), control, _cell(4460, 1, 0), "bf16", identical=True) == []
+    assert C.identity_claimed("layerwise", "qwen3_moe", "eager")
+    assert not C.identity_claimed("layerwise", "qwen3_moe", "auto")
+    assert C.identity_claimed("every_size", "deepseek_v2", "auto")  # MLA: upstream's prefill anyway
+    assert not C.identity_claimed("full", "qwen3_moe", "eager")
+
+
 def test_kernel_match_follows_the_captured_prefill_attention():
+    assert not C.same_kernels_as_control("qwen3_moe", "eager", (9, 0))  # graphs disabled's kernels
     assert C.same_kernels_as_control("deepseek_v2", "auto", (9, 0))  # MLA keeps upstream's prefill
     assert not C.same_kernels_as_control("qwen3_moe", "auto", (9, 0))  # FA3 on SM90
     assert C.same_kernels_as_control("qwen3_moe", "auto", (12, 0))  # FA2 on SM120

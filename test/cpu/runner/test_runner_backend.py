@@ -165,15 +165,43 @@ def test_oom_drops_the_size_and_larger_ones():
     _check_replays(backend, model, static_ids, [2, 4])
 
 
-def test_warm_mode_runs_eagerly_and_captures_nothing():
+@pytest.mark.parametrize("rows", ["padded", "real"])
+def test_warm_mode_runs_eagerly_and_captures_nothing(monkeypatch, rows):
+    from sglang.sm120.runner.backend import MOE_ROWS_ENV
+
+    monkeypatch.setenv(MOE_ROWS_ENV, rows)
     model = ToyModel(layers=1)
     backend, static_ids = _make(model, [2, 4], full_max_bs=0)
     assert backend.mode == "warm"
     with backend.capture_session(None):
         for size in (4, 2):
             backend.capture_one(ShapeKey(size=size), lambda s=size: model(static_ids[:s]))
-    assert model.layers[0].experts.calls == 4  # two eager forwards per size
+    # two eager forwards per size; with real rows, before the first (largest) size, one recording
+    # forward and the MoE alone at every row count 1..4
+    assert model.layers[0].experts.calls == (4 if rows == "padded" else 4 + 1 + 4)
     assert not backend.entries and not backend._graphs
+    assert backend.report()["moe_rows"] == rows
+
+
+def test_layerwise_replay_runs_the_moe_on_the_runner_s_real_rows():
+    model = ToyModel(layers=2)
+    sizes = [4, 8]
+    backend, static_ids = _make(model, sizes, full_max_bs=0)
+    _capture_all(backend, model, static_ids, sizes)
+    seen = []
+    for layer in model.layers:
+        inner = layer.experts.forward
+        layer.experts.forward = lambda h, t, _f=inner: (seen.append(h.shape[0]), _f(h, t))[1]
+    ids = torch.randint(0, 50, (8,))
+    static_ids.copy_(ids)
+    with torch.no_grad():
+        want = model(ids[:6])
+    seen.clear()
+    backend._runner.raw_num_token = 6  # what DecodeCudaGraphRunner.load_batch sets before replay
+    with torch.no_grad():
+        got = backend.replay(ShapeKey(size=8), None)
+    assert seen == [6, 6] and boundary._REAL_ROWS is None  # reset after the replay
+    torch.testing.assert_close(got[:6], want, rtol=1e-5, atol=1e-5)
 
 
 def test_injected_oom_env_drops_from_that_size(monkeypatch):
@@ -262,7 +290,9 @@ def test_deferred_capture_warms_first_and_captures_under_armed_traps(monkeypatch
     try:
         runner = Runner()
         assert not backend.entries and startup.pending(runner.model_runner) == [runner]
-        assert model.layers[0].experts.calls == 4  # warm: 2 eager forwards x 2 sizes
+        # warm: 2 eager forwards x 2 sizes, and before the first, one recording forward and the
+        # MoE alone at every row count 1..4 (real rows, the default)
+        assert model.layers[0].experts.calls == 4 + 1 + 4
         assert not traps.armed()
         spawn_during_capture.append(True)
         with pytest.raises(traps.TrapViolation):
@@ -305,7 +335,8 @@ def test_report_times_each_size_warm_probe_and_capture():
     assert list(timings) == ["1", "2", "4", "8"]
     gaps = {"warm_gap_s", "capture_gap_s"}
     for size in ("4", "8"):  # layerwise sizes: warm pass, probe forward, captured forward
-        assert set(timings[size]) - gaps == {"warm_s", "probe_s", "capture_s"}
+        rows = {"rows_warm_s"} if size == "8" else set()  # the MoE at every row count, largest size
+        assert set(timings[size]) - gaps == {"warm_s", "probe_s", "capture_s"} | rows
     for size in ("1", "2"):  # full graphs: upstream's capture, only the warm pass is ours
         assert set(timings[size]) - gaps == {"warm_s"}
     # upstream's loop between our calls, in each pass from its second size on (largest first)

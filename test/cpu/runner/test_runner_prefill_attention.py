@@ -7,15 +7,17 @@ import pytest
 from sglang.sm120.runner import prefill_attention as pa
 
 
-@pytest.mark.parametrize("raw, want", [(None, "auto"), ("", "auto"), ("fa2", "fa2"), (" fa3 ", "fa3"), ("auto", "auto")])
+@pytest.mark.parametrize("raw, want", [(None, "eager"), ("", "eager"), ("fa2", "fa2"), (" fa3 ", "fa3"),
+                                       ("auto", "auto"), ("eager", "eager")])
 def test_choice_from_the_environment(env_value, raw, want):
     env_value(pa.ENV, raw)
     assert pa.requested() == want
+    assert pa.captured_requested() == (want != "eager")
 
 
 def test_a_bad_choice_names_the_variable(monkeypatch):
     monkeypatch.setenv(pa.ENV, "fa4")
-    with pytest.raises(ValueError, match=f"{pa.ENV}='fa4': expected one of auto, fa2, fa3"):
+    with pytest.raises(ValueError, match=f"{pa.ENV}='fa4': expected one of eager, auto, fa2, fa3"):
         pa.requested()
 
 
@@ -48,8 +50,9 @@ def test_wrappers_built_inside_take_the_choice_and_the_backend_gets_its_own_back
         with pa.wrappers_built_with(attn, choice, capability=(9, 0)):
             raise RuntimeError("capture failed")
     assert attn.prefill_backend == "fa2"
-    with pa.wrappers_built_with(attn, "fa2"):  # upstream's choice touches nothing
-        assert attn.prefill_backend == "fa2"
+    for untouched in ("fa2", "eager"):  # upstream's choice, and no captured attention at all
+        with pa.wrappers_built_with(attn, untouched):
+            assert attn.prefill_backend == "fa2"
     with pa.wrappers_built_with(None, choice):  # no FlashInfer backend: nothing to set
         pass
 
@@ -70,7 +73,7 @@ def test_the_captured_attention_prefill_backend_applies_it_for_its_capture_sessi
     from sglang.sm120.runner.backend import LayerwisePrefillBackend
     from test_runner_backend import FakeDeviceModule, FakeTP
 
-    monkeypatch.delenv(pa.ENV, raising=False)  # the default: FlashInfer's auto
+    monkeypatch.setenv(pa.ENV, "auto")  # the opt-in captured attention, FlashInfer's own rule
     attn = SimpleNamespace(prefill_backend="fa2")
     runner = SimpleNamespace(device_module=FakeDeviceModule(),
                              model_runner=SimpleNamespace(tp_group=FakeTP(), attn_backend=attn),
@@ -85,3 +88,26 @@ def test_the_captured_attention_prefill_backend_applies_it_for_its_capture_sessi
     with backend.capture_session(None):
         assert attn.prefill_backend == "auto"
     assert attn.prefill_backend == "fa2"
+
+
+@pytest.mark.parametrize("choice, attn_name, want", [
+    (None, "FlashInferAttnBackend", "LayerwiseBreakablePrefillBackend"),  # the default: eager attention
+    ("auto", "FlashInferAttnBackend", "LayerwisePrefillBackend"),
+    ("fa2", "FlashInferAttnBackend", "LayerwisePrefillBackend"),
+    ("auto", "TritonAttnBackend", "LayerwiseBreakablePrefillBackend"),  # cannot plan fixed slots
+])
+def test_prefill_backend_choice(monkeypatch, choice, attn_name, want):
+    pytest.importorskip("sglang.srt.model_executor.runner_backend.full_cuda_graph_backend")
+    from sglang.sm120.runner import backend as B
+
+    if choice is None:
+        monkeypatch.delenv(pa.ENV, raising=False)
+    else:
+        monkeypatch.setenv(pa.ENV, choice)
+    attn = type(attn_name, (), {"_create_full_cg_prefill_wrappers": lambda self: None})()
+    made = []
+    for name in ("LayerwisePrefillBackend", "LayerwiseBreakablePrefillBackend"):
+        monkeypatch.setattr(B, name, lambda runner, _n=name, **kw: made.append(_n) or _n)
+    runner = SimpleNamespace(model_runner=SimpleNamespace(
+        attn_backend=attn, server_args=SimpleNamespace(enable_memory_saver=False, debug_cuda_graph=False)))
+    assert B.make_prefill_backend(runner) == want and made == [want]

@@ -6,11 +6,13 @@ attention metadata and output slicing:
 
 - LayerwiseDecodeBackend: full graphs (upstream's FullCudaGraphBackend) for batch sizes at or
   below the full-graph ceiling, segmented layerwise graphs above it (or at every size).
-- LayerwisePrefillBackend: FlashInfer can plan prefill attention into fixed buffers, so the
-  attention stays inside the segments; subclassing FullCudaGraphBackend makes upstream's prefill
-  runner use its fixed-request-slot ("full") path. Only the MoE is eager.
-- LayerwiseBreakablePrefillBackend: any other attention backend; upstream's breakable capture
-  makes attention an eager break and the MoE boundary adds itself as another one.
+- LayerwiseBreakablePrefillBackend (the default): upstream's breakable capture makes attention an
+  eager break (upstream's own attention forward on the real tokens, the plan graphs disabled
+  makes) and the MoE boundary adds itself as another one: the tokens of graphs disabled.
+- LayerwisePrefillBackend (opt-in, SGLANG_SM120_LAYERWISE_PREFILL_ATTENTION=auto|fa2|fa3):
+  FlashInfer can plan prefill attention into fixed buffers, so the attention stays inside the
+  segments; subclassing FullCudaGraphBackend makes upstream's prefill runner use its
+  fixed-request-slot ("full") path. Only the MoE is eager. Other kernels, other tokens.
 
 Both modes: a `mode` of "warm" (eager forwards only; the runner's first capture pass, before the
 traps are armed) or "capture" (the real pass, driven by runner.startup).
@@ -44,6 +46,7 @@ from .segments import cuda_graph_factory
 logger = logging.getLogger(__name__)
 
 TIMING_ENV = "SGLANG_SM120_LAYERWISE_TIMING"
+MOE_ROWS_ENV = "SGLANG_SM120_LAYERWISE_MOE_ROWS"
 # Test hook, "SIZE" or "PHASE:SIZE": capturing that size fails with an OOM raised while its first
 # segment is open (then the drop rule removes it and every larger size); for the GPU tests.
 INJECT_OOM_ENV = "SGLANG_SM120_LAYERWISE_INJECT_OOM"
@@ -109,6 +112,7 @@ class _LayerwiseCommon:
         self.memory_accounting_s = 0.0  # spent reading it (not capture time: reported apart)
         self.lean: Optional[LeanMoe] = LeanMoe(runner.device, lean_max_rows) if lean else None
         self.zero_copy = bool(lean) and zero_copy.requested()
+        self.real_rows = False  # decode sets it (MOE_ROWS_ENV): islands run on the replay's real rows
         if lean:
             cap = "" if lean_max_rows is None else f", batches up to {lean_max_rows} tokens ({PREFILL_CAP_ENV})"
             logger.info("layerwise %s: lean eager MoE on (%s=0 turns it off%s)%s", phase, LEAN_MOE_ENV, cap,
@@ -174,6 +178,7 @@ class _LayerwiseCommon:
             track_side_streams=self._capture_stream is not None,
             lean=self.lean,
             zero_copy=self.zero_copy,
+            real_rows=self.real_rows,
             timings=self.size_timings.setdefault(size, {}),
         )
 
@@ -270,7 +275,10 @@ class _LayerwiseCommon:
             size_timings={str(k): v for k, v in sorted(self.size_timings.items())},
             size_memory={str(k): v for k, v in sorted(self.size_memory.items())},
             memory_accounting_s=round(self.memory_accounting_s, 4),
+            moe_rows="real" if self.real_rows else "padded",
         )
+        if getattr(self, "rows_fallback", None):
+            out["moe_rows_fallback"] = self.rows_fallback
         if self.lean is not None:
             steps = [s for e in self.entries.values() for s in e.graph.steps]
             out["lean_moe"] = dict(self.lean.summary(), lean_steps=sum(getattr(s, "lean", False) for s in steps),
@@ -292,9 +300,50 @@ class LayerwiseDecodeBackend(_LayerwiseCommon, FullCudaGraphBackend):
             full_max_bs=full_max_bs,
             lean=lean_moe_requested(),
         )
+        self.real_rows = settings.choice(MOE_ROWS_ENV) == "real"
+        self.rows_fallback: Optional[str] = None
+        self._rows_warmed = False
 
     def _planned_sizes(self):
         return self._runner.capture_bs
+
+    def _warm(self, size: int, forward_fn, post_warmup_hook) -> None:
+        if self.real_rows and not self._rows_warmed:
+            self._rows_warmed = True  # the first (largest) size: every smaller row count fits in it
+            self._warm_every_row_count(size, forward_fn, post_warmup_hook)
+        super()._warm(size, forward_fn, post_warmup_hook)
+
+    def _warm_every_row_count(self, size: int, forward_fn, post_warmup_hook) -> None:
+        """A replay runs the MoE on its real rows, any count from 1 to the largest size, and
+        Triton specialises the MoE kernels on counts derived from it (and upstream picks the
+        kernel config by it): record each distinct MoE island in one forward at this size and
+        run it at every row count now, before the traps arm."""
+        t0 = time.perf_counter()
+        self._sync_barrier()
+        recording, calls, error = boundary.RecordingSession(), 0, None
+        try:
+            with recording:
+                forward_fn()
+            if post_warmup_hook is not None:
+                post_warmup_hook()
+            calls = boundary.warm_rows(recording.kept, range(1, size + 1), self.lean)
+        except Exception as e:  # noqa: BLE001 - padded rows are warmed by the pass itself
+            error = f"{type(e).__name__}: {e}"
+        recording.kept.clear()
+        if self._agree(error is not None):
+            # every rank falls back together (a step for real rows would compile at serving time)
+            self.real_rows = False
+            self.rows_fallback = error or "another rank could not warm every row count"
+            torch.cuda.empty_cache()
+            logger.warning("layerwise decode: running the MoE at every row count failed (%s); replays "
+                           "run it on all rows of the captured size (%s=padded)", self.rows_fallback,
+                           MOE_ROWS_ENV)
+            return
+        self._sync_barrier()
+        self.size_timings.setdefault(size, {})["rows_warm_s"] = round(time.perf_counter() - t0, 4)
+        logger.info("layerwise decode: %d distinct MoE island(s) run at every row count 1..%d (%d calls, "
+                    "%.1f s): replays run the MoE on their real rows (%s=real)",
+                    len(recording.kept), size, calls, time.perf_counter() - t0, MOE_ROWS_ENV)
 
     def _capture_full(self, size: int) -> None:
         key, forward_fn, post_warmup_hook = self._current
@@ -306,7 +355,14 @@ class LayerwiseDecodeBackend(_LayerwiseCommon, FullCudaGraphBackend):
     def replay(self, shape_key, static_forward_batch, **kwargs) -> Any:
         entry = self.entries.get(shape_key)
         if entry is not None:
-            return self._replay_entry(entry)
+            if not self.real_rows:
+                return self._replay_entry(entry)
+            # the runner's load_batch has set the unpadded token count of this batch
+            previous = boundary.set_replaying_rows(getattr(self._runner, "raw_num_token", None))
+            try:
+                return self._replay_entry(entry)
+            finally:
+                boundary.set_replaying_rows(previous)
         return FullCudaGraphBackend.replay(self, shape_key, static_forward_batch, **kwargs)
 
 
@@ -417,13 +473,19 @@ def make_decode_backend(cuda_graph_runner) -> LayerwiseDecodeBackend:
 
 def make_prefill_backend(cuda_graph_runner):
     mr = cuda_graph_runner.model_runner
-    if _attention_plans_fixed_prefill(mr.attn_backend):
+    captured = prefill_attention.captured_requested()
+    if captured and _attention_plans_fixed_prefill(mr.attn_backend):
         return LayerwisePrefillBackend(cuda_graph_runner, enable_memory_saver=mr.server_args.enable_memory_saver)
-    logger.info(
-        "layerwise prefill: %s cannot plan prefill attention into fixed buffers; attention "
-        "runs as an eager break like the MoE",
-        type(mr.attn_backend).__name__,
-    )
+    if captured:
+        logger.info(
+            "layerwise prefill: %s cannot plan prefill attention into fixed buffers (%s=%s asks for "
+            "captured attention); attention runs as an eager break like the MoE",
+            type(mr.attn_backend).__name__, prefill_attention.ENV, prefill_attention.requested(),
+        )
+    else:
+        logger.info("layerwise prefill: attention runs as an eager break with %s's own forward "
+                    "(%s=eager; auto|fa2|fa3 capture it, other tokens)",
+                    type(mr.attn_backend).__name__, prefill_attention.ENV)
     return LayerwiseBreakablePrefillBackend(
         cuda_graph_runner,
         enable_memory_saver=mr.server_args.enable_memory_saver,

@@ -17,6 +17,13 @@ layer) is snapshotted at capture by registered state providers and restored arou
 With a `LeanMoe` (lean_moe.py, on by default), the probe also runs the lean step on the same inputs and
 compares; where every island of the size matched, the capture makes lean steps (upstream's
 kernels launched directly, combining into the output buffer) instead of calling the forward.
+
+Real rows (`CaptureSession(real_rows=True)`, decode by default): the replay says how many of the
+captured rows are real (`replaying_rows`), and the step runs the MoE on those rows only, as
+graphs disabled would run it on the unpadded batch (upstream's Triton MoE picks its kernel config
+by the row count: another config is another summation order), and zeroes the padded rows of its
+output. `RecordingSession` + `warm_rows` run each distinct MoE at every row count before capture,
+so no row count JIT-compiles at serving time.
 """
 from __future__ import annotations
 
@@ -158,6 +165,26 @@ def _snapshot_state() -> List[Callable[[], contextlib.AbstractContextManager]]:
 # ------------------------------------------------------------------------------------------------
 _SESSION: Optional["_Session"] = None
 _BYPASS = contextvars.ContextVar("sm120_boundary_bypass", default=False)
+# Real rows of the replay in progress (None: every captured row is real). A plain global: replays
+# run one at a time on the scheduler's thread, and a step reads it on every layer.
+_REAL_ROWS: Optional[int] = None
+
+
+def set_replaying_rows(rows: Optional[int]) -> Optional[int]:
+    """Declare how many captured rows the replay that follows carries; returns the previous
+    value (pass it back when the replay is over)."""
+    global _REAL_ROWS
+    previous, _REAL_ROWS = _REAL_ROWS, (None if rows is None else int(rows))
+    return previous
+
+
+@contextlib.contextmanager
+def replaying_rows(rows: Optional[int]):
+    previous = set_replaying_rows(rows)
+    try:
+        yield
+    finally:
+        set_replaying_rows(previous)
 
 
 def boundary_active() -> bool:
@@ -291,10 +318,11 @@ class CaptureSession(_Session):
     """
 
     def __init__(self, arena: StagingArena, records: List[ProbeRecord], cutter, lean=None,
-                 zero_copy: bool = False):
+                 zero_copy: bool = False, real_rows: bool = False):
         super().__init__(arena, records, lean)
         self.cutter = cutter
         self.zero_copy = zero_copy
+        self.real_rows = real_rows
 
     def _stage(self, in_leaves, in_sigs, rows, in_place: bool) -> List[torch.Tensor]:
         staged: List[torch.Tensor] = []
@@ -332,16 +360,23 @@ class CaptureSession(_Session):
         ]
         use_lean = self.lean is not None and rec.lean and len(out_views) == 1
         in_place = use_lean and self.zero_copy
-        staged_args, staged_kwargs = in_rebuild(self._stage(in_leaves, in_sigs, rows, in_place))
+        self._staged_leaves = self._stage(in_leaves, in_sigs, rows, in_place)
+        staged_args, staged_kwargs = in_rebuild(self._staged_leaves)
         lean = self.lean.bind(owner, staged_args, staged_kwargs, out=out_views[0]) if use_lean else None
         if lean is None and in_place:  # refused at bind: upstream's forward reads staged copies
             in_place = False
-            staged_args, staged_kwargs = in_rebuild(self._stage(in_leaves, in_sigs, rows, False))
+            self._staged_leaves = self._stage(in_leaves, in_sigs, rows, False)
+            staged_args, staged_kwargs = in_rebuild(self._staged_leaves)
+        restorers = _snapshot_state()
         if lean is not None:
             step = lean[0]  # reads no per-forward flags: no state to restore
             step.zero_copy = in_place
         else:
-            step = _make_step(owner, staged_args, staged_kwargs, out_views, _snapshot_state())
+            step = _make_step(owner, staged_args, staged_kwargs, out_views, restorers)
+        if self.real_rows:
+            step = _RealRowsStep(step, rows, out_views, _rows_step_factory(
+                owner, list(self._staged_leaves), in_rebuild, in_sigs, out_views, restorers,
+                self.lean if lean is not None else None))
         self.cutter.cut(step)
         self.calls += 1
         return rec.out_rebuild(out_views)
@@ -385,3 +420,105 @@ def _make_step(owner, args, kwargs, out_views, restorers):
 
     step.owner_name = type(owner).__name__  # for logs
     return step
+
+
+# ------------------------------------------------------------------------------------------------
+# real rows: the MoE on the replay's unpadded rows
+# ------------------------------------------------------------------------------------------------
+def _first_rows(leaves, sigs, r: int) -> List[torch.Tensor]:
+    return [t[:r] if s.token_major else t for t, s in zip(leaves, sigs)]
+
+
+def _rows_step_factory(owner, staged_leaves, in_rebuild, in_sigs, out_views, restorers, lean):
+    """make(r): the island's step on the first r rows of its staged inputs, writing the first r
+    rows of its output buffers (lean: LeanMoe's step for r rows; else upstream's forward)."""
+
+    def make(r: int) -> Callable[[], None]:
+        args, kwargs = in_rebuild(_first_rows(staged_leaves, in_sigs, r))
+        outs = [v[:r] for v in out_views]
+        if lean is not None:
+            bound = lean.bind(owner, args, kwargs, out=outs[0])
+            if bound is not None:
+                return bound[0]
+        return _make_step(owner, args, kwargs, outs, restorers)
+
+    return make
+
+
+class _RealRowsStep:
+    """An island's step that runs on the replay's real rows (`set_replaying_rows`): the captured
+    step when every row is real, else a step for r rows (built on first use, then kept), after
+    which the padded rows of the output are zeroed (what feeds the next segment's padded rows is
+    then finite and the same every time, as upstream zeroes them behind a breakable attention)."""
+
+    def __init__(self, full: Callable[[], None], rows: int, out_views: List[torch.Tensor],
+                 make: Callable[[int], Callable[[], None]]):
+        self.full = full
+        self.rows = rows
+        self.out_views = out_views
+        self.make = make
+        self.by_rows: dict = {}
+        self.owner_name = getattr(full, "owner_name", "?")
+        self.lean = getattr(full, "lean", False)
+        self.zero_copy = getattr(full, "zero_copy", False)
+        self.real_rows = True
+
+    def __call__(self) -> None:
+        r = _REAL_ROWS
+        if r is None or r >= self.rows:
+            self.full()
+            return
+        step = self.by_rows.get(r)
+        if step is None:
+            step = self.by_rows[r] = self.make(max(1, r))
+        step()
+        for v in self.out_views:
+            v[r:].zero_()
+
+
+class RecordingSession(_Session):
+    """Eager forward that runs each island for real and keeps, per distinct island (owner type,
+    parameter shapes, input signature), a copy of its inputs and the per-forward state it ran in:
+    what `warm_rows` replays at other row counts."""
+
+    def __init__(self):
+        super().__init__(arena=None, records=[])
+        self.kept: dict = {}
+
+    def on_boundary(self, owner, args, kwargs):
+        in_leaves, in_rebuild = flatten((args, kwargs))
+        rows = _rows_of(in_leaves)
+        sigs = tuple(_leaf_sig(t, rows) for t in in_leaves)
+        params = tuple((tuple(p.shape), p.dtype) for p in owner.parameters(recurse=False)) \
+            if hasattr(owner, "parameters") else ()
+        key = (type(owner).__name__, params, tuple((s.token_major, s.tail, s.dtype) for s in sigs))
+        if key not in self.kept:
+            # copies: the forward may write its inputs (in-place MoE)
+            leaves = [t.clone() if s.token_major else t for t, s in zip(in_leaves, sigs)]
+            self.kept[key] = (owner, leaves, in_rebuild, sigs, rows, _snapshot_state())
+        self.calls += 1
+        return call_unhooked(owner, args, kwargs)
+
+
+def warm_rows(kept: dict, row_counts, lean=None) -> int:
+    """Run every kept island at each row count (<= the rows it was recorded with), through
+    upstream's forward and, where the lean step takes it, through the lean step: whatever a row
+    count compiles (Triton specialises on it) is compiled here. Returns the calls made."""
+    calls = 0
+    for owner, leaves, in_rebuild, sigs, rows, restorers in kept.values():
+        for r in row_counts:
+            if not 1 <= r <= rows:
+                continue
+            args, kwargs = in_rebuild([t[:r].clone() if s.token_major else t for t, s in zip(leaves, sigs)])
+            with contextlib.ExitStack() as stack:
+                for restore in restorers:
+                    stack.enter_context(restore())
+                call_unhooked(owner, args, kwargs)
+            calls += 1
+            if lean is not None:
+                args, kwargs = in_rebuild([t[:r].clone() if s.token_major else t for t, s in zip(leaves, sigs)])
+                bound = lean.bind(owner, args, kwargs)
+                if bound is not None:
+                    bound[0]()
+                    calls += 1
+    return calls

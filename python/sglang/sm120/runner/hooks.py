@@ -39,8 +39,16 @@ def prefill_backend(cuda_graph_runner):
 
 def decode_runner_class(model_runner, default):
     if phase_backend(model_runner.server_args, "decode") != LAYERWISE:
+        # upstream's decode runner captures in its constructor: a layerwise prefill's background
+        # module builds must be done first (another thread's CUDA calls break a global capture)
+        from .prewarm import join_background_builds
+
+        join_background_builds()
         return default
     from .runners import LayerwiseDecodeRunner
+    from .startup import begin
+
+    begin(model_runner)
 
     return LayerwiseDecodeRunner
 
@@ -49,6 +57,9 @@ def prefill_runner_class(model_runner, default):
     if phase_backend(model_runner.server_args, "prefill") != LAYERWISE:
         return default
     from .runners import LayerwisePrefillRunner
+    from .startup import begin
+
+    begin(model_runner)
 
     return LayerwisePrefillRunner
 

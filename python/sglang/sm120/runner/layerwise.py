@@ -44,6 +44,7 @@ def capture_size(
     track_side_streams: bool = False,
     lean=None,
     zero_copy: bool = False,
+    real_rows: bool = False,
     timings: Optional[Dict[str, float]] = None,
 ) -> LayerwiseEntry:
     """Warm up (eager, recording every eager island) and capture one size as segments.
@@ -55,6 +56,7 @@ def capture_size(
     lean: a lean_moe.LeanMoe: islands whose lean step matched upstream's in the last warmup
         become lean steps.
     zero_copy: lean steps read the segment's own tensors, not staged copies (zero_copy.py).
+    real_rows: steps run the MoE on the replay's real rows (boundary.set_replaying_rows).
     timings: filled with probe_s (the warmup forwards) and capture_s (the captured forward,
         instantiation included), wall seconds: where a size's capture time goes.
     """
@@ -80,7 +82,8 @@ def capture_size(
         pool=pool,
         stream=stream,
         track_side_streams=track_side_streams,
-    ) as cap, CaptureSession(arena, records, cap, lean, zero_copy=zero_copy):
+    ) as cap, CaptureSession(arena, records, cap, lean, zero_copy=zero_copy,
+                                                  real_rows=real_rows):
         output = forward_fn()
     if timings is not None:
         timings.update(probe_s=round(t1 - t0, 4), capture_s=round(time.perf_counter() - t1, 4))

@@ -1,6 +1,14 @@
-"""Which FlashInfer kernel family the captured (fixed request slot) prefill attention plans.
+"""Where layerwise prefill runs attention, and which FlashInfer kernels a captured one plans.
 
-Upstream's FlashInfer backend builds its full-CUDA-graph prefill wrappers with its
+SGLANG_SM120_LAYERWISE_PREFILL_ATTENTION=eager (the default): attention is an eager break between
+graph segments, through upstream's breakable capture, running upstream's own attention forward
+on the real tokens with the plan graphs disabled makes (FlashInfer: ragged prefill over the new
+tokens, paged prefill over a cached prefix, merge_state), so layerwise prefill gives the tokens
+of graphs disabled. `auto`, `fa2` and `fa3` opt into captured attention instead (FlashInfer only):
+fixed request slots, planned into capture-stable wrappers, which runs other kernels than eager
+prefill and so gives other tokens on some prompts (docs/runner.md, "Same tokens as upstream").
+
+For captured attention: upstream's FlashInfer backend builds its full-CUDA-graph prefill wrappers with its
 `prefill_backend`, fixed to FA2: a paged kernel whose CUDA-graph plan splits the KV and merges the
 parts (`PersistentVariableLengthMergeStates`). Eager prefill without a prefix runs the ragged FA3
 kernel on SM90 instead, which is faster there than the captured FA2 plan; `auto` lets the captured
@@ -26,11 +34,17 @@ logger = logging.getLogger(__name__)
 ENV = "SGLANG_SM120_LAYERWISE_PREFILL_ATTENTION"
 CHOICES = settings.setting(ENV).choices
 DEFAULT = settings.setting(ENV).default
+EAGER = "eager"
 UPSTREAM = "fa2"
 
 
 def requested() -> str:
     return settings.choice(ENV)
+
+
+def captured_requested() -> bool:
+    """Whether the operator opted into captured prefill attention (any choice but eager)."""
+    return requested() != EAGER
 
 
 def _check_device(choice: str, capability: Optional[Tuple[int, int]]) -> None:
@@ -60,7 +74,7 @@ def wrappers_built_with(attn_backend, choice: Optional[str] = None,
     the current device's) is read only to refuse `fa3` off SM90."""
     choice = requested() if choice is None else choice
     current = getattr(attn_backend, "prefill_backend", None)
-    if choice == UPSTREAM or current is None or current == choice:
+    if choice in (UPSTREAM, EAGER) or current is None or current == choice:
         yield
         return
     _check_device(choice, capability)

@@ -19,16 +19,79 @@ requests and would JIT-compile (a compiler subprocess) after capture:
     two of the batch's request count and per page-table width class;
   - FlashInfer's MLA backend plans its ragged prefill (MHA over the new tokens) only on the first
     extend, which loads (and on a host without the module, compiles: ninja) the prefill module.
+  - FlashInfer's cascade module (`merge_state`): an extend over a cached prefix (a radix-cache
+    hit, the later chunks of a chunked prefill) merges the ragged attention over the new tokens
+    with the paged one over the prefix; the runners' dummy batches have no prefix.
+FlashInfer loads a JIT module by running ninja (a subprocess, even when the library is up to
+date), so each module is loaded in the scheduler process before the traps arm. The sampling and
+cascade modules take minutes to build on a cold cache and nothing else needs them, so
+`start_background_builds` builds them on a thread while the runners' warm passes run (upstream's
+configuration builds the sampling module only at the first non-greedy request), and
+`join_background_builds` waits for it before the traps arm.
 Best effort: a failure is logged, never fatal (the trap would then name what still compiles).
 """
 from __future__ import annotations
 
 import logging
+import threading
 import time
+from typing import List, Optional
 
 import torch
 
 logger = logging.getLogger(__name__)
+
+_BUILDER: Optional[threading.Thread] = None
+_BUILT: List[str] = []
+
+
+def _flashinfer_modules(server_args) -> List[str]:
+    """The FlashInfer JIT modules serving may reach outside the captured forwards."""
+    names = []
+    if getattr(server_args, "sampling_backend", None) == "flashinfer":
+        names.append("sampling")
+    if _uses_flashinfer(server_args):
+        names.append("cascade")
+    return names
+
+
+def _build(names: List[str]) -> None:
+    for name in names:
+        tic = time.perf_counter()
+        try:
+            if name == "sampling":
+                from flashinfer.sampling import get_sampling_module as get
+            else:
+                from flashinfer.cascade import get_cascade_module as get
+            get()
+            _BUILT.append(name)
+            logger.info("layerwise: FlashInfer %s module loaded in %.1f s (background)", name,
+                        time.perf_counter() - tic)
+        except Exception as e:  # noqa: BLE001 - the foreground warm-ups try again
+            logger.warning("layerwise: could not build FlashInfer's %s module in the background: %s", name, e)
+
+
+def start_background_builds(server_args) -> None:
+    """Build (JIT-compile and load) FlashInfer's sampling and cascade modules on a thread, once per
+    process: they need no GPU work, and on a cold cache they take minutes that would otherwise
+    add to the start-up after the warm passes."""
+    global _BUILDER
+    if _BUILDER is not None:
+        return
+    names = _flashinfer_modules(server_args)
+    if not names:
+        return
+    _BUILDER = threading.Thread(target=_build, args=(names,), name="sm120-flashinfer-jit", daemon=True)
+    _BUILDER.start()
+
+
+def join_background_builds() -> None:
+    """Wait for the background builds (before the traps arm: a build spawns ninja)."""
+    if _BUILDER is None or not _BUILDER.is_alive():
+        return
+    tic = time.perf_counter()
+    _BUILDER.join()
+    logger.info("layerwise: waited %.1f s for FlashInfer's background module builds", time.perf_counter() - tic)
 
 
 def warm_sampling(model_runner) -> None:
@@ -49,6 +112,23 @@ def warm_sampling(model_runner) -> None:
         torch.cuda.synchronize()
     except Exception as e:  # noqa: BLE001
         logger.warning("layerwise: could not pre-build FlashInfer sampling kernels: %s", e)
+
+
+def warm_merge_state(model_runner) -> None:
+    """Run FlashInfer's merge_state once (loads the cascade module in this process): the eager
+    extend over a cached prefix calls it (FlashInferAttnBackend.forward_extend)."""
+    if not _uses_flashinfer(getattr(model_runner, "server_args", None)):
+        return
+    try:
+        from flashinfer.cascade import merge_state
+
+        device = model_runner.device
+        v = torch.zeros(1, 1, 64, dtype=torch.bfloat16, device=device)
+        s = torch.zeros(1, 1, dtype=torch.float32, device=device)
+        merge_state(v, s, v, s)
+        torch.cuda.synchronize()
+    except Exception as e:  # noqa: BLE001
+        logger.warning("layerwise: could not pre-load FlashInfer's cascade module (merge_state): %s", e)
 
 
 def warm_kv_index_writes(model_runner) -> None:

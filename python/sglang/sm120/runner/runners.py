@@ -179,11 +179,37 @@ class LayerwisePrefillRunner(_DeferredCaptureMixin, PrefillCudaGraphRunner):
     def _lw_warm_eager_paths(self) -> None:
         # A prefill with more requests than request slots runs eagerly, with the attention
         # backend's eager (e.g. FlashInfer ragged) plan: run that path at every bucket size once.
-        if not self._is_full_backend:
-            return  # attention-break mode: its warm pass already ran attention eagerly
-        for num_tokens in sorted(self.capture_num_tokens, reverse=True):
-            self._run_dummy_forward(num_tokens)
+        # (Attention-break mode: its warm pass already ran attention eagerly at every bucket.)
+        if self._is_full_backend:
+            for num_tokens in sorted(self.capture_num_tokens, reverse=True):
+                self._run_dummy_forward(num_tokens)
+        self._lw_warm_prefix_extend()
         self.device_module.synchronize()
+
+    PREFIX_WARM_TOKENS = 16
+
+    def _lw_warm_prefix_extend(self) -> None:
+        """An extend over a cached prefix (a radix-cache hit, a later chunk of a chunked prefill)
+        runs attention another way than the warm pass's batches, which have none: FlashInfer plans
+        a paged prefill over the prefix beside the ragged one over the new tokens and merges them
+        (flashinfer.cascade.merge_state), other JIT modules. Run one such extend eagerly (request
+        slot 0 extends the smallest bucket over a prefix of PREFIX_WARM_TOKENS tokens, all of
+        them KV slot 0, the pool's padding slot) so they load before the traps arm."""
+        try:
+            n, p = min(self.capture_num_tokens), self.PREFIX_WARM_TOKENS
+            fb, attn_backend = self.capture_prepare(n)
+            fb.seq_lens[0] += p
+            if fb.orig_seq_lens is not None:
+                fb.orig_seq_lens[0] += p
+            fb.seq_lens_cpu[0] += p
+            fb.seq_lens_sum += p
+            fb.extend_prefix_lens[0] = p
+            fb.extend_prefix_lens_cpu = [p] + [0] * (fb.batch_size - 1)
+            attn_backend.init_forward_metadata(fb)
+            self._run_forward(fb, n)
+        except Exception as e:  # noqa: BLE001 - best effort, like runner/prewarm.py
+            logger.warning("layerwise prefill: could not warm an extend over a cached prefix: %s: %s",
+                           type(e).__name__, e)
 
     def _lw_apply_servable(self) -> None:
         sizes = self._lw_servable()

@@ -18,6 +18,14 @@ _PENDING: Dict[int, List] = {}
 _ORDER = {"prefill": 0, "decode": 1}
 
 
+def begin(model_runner) -> None:
+    """Called when a layerwise runner class is chosen (before the warm passes): starts the
+    background builds of the FlashInfer modules serving needs outside the forward (prewarm.py)."""
+    from .prewarm import start_background_builds
+
+    start_background_builds(getattr(model_runner, "server_args", None))
+
+
 def register(model_runner, runner) -> None:
     _PENDING.setdefault(id(model_runner), []).append(runner)
 
@@ -30,10 +38,13 @@ def finish(model_runner) -> None:
     runners = _PENDING.pop(id(model_runner), [])
     if not runners:
         return
-    from .prewarm import (warm_dsa_index_gather, warm_flashinfer_kv_indices, warm_flashinfer_mla_prefill,
-                          warm_kv_index_writes, warm_paged_allocator, warm_sampling)
+    from .prewarm import (join_background_builds, warm_dsa_index_gather, warm_flashinfer_kv_indices,
+                          warm_flashinfer_mla_prefill, warm_kv_index_writes, warm_merge_state,
+                          warm_paged_allocator, warm_sampling)
 
+    join_background_builds()
     warm_sampling(model_runner)
+    warm_merge_state(model_runner)
     warm_kv_index_writes(model_runner)
     warm_flashinfer_kv_indices(model_runner)
     warm_paged_allocator(model_runner)

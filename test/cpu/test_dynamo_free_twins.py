@@ -1,0 +1,82 @@
+"""runner/dynamo_free.py: in Dynamo-free mode a helper runs its eager twin, which gives the
+compiled helper's bits (one rounding after fp32 math) where the plain body rounds between ops."""
+import shutil
+
+import pytest
+import torch
+
+from sglang.sm120.runner import dynamo_free as dfree
+
+pytestmark = pytest.mark.base_independent
+
+
+def moe_sum_reduce_torch_compile(x, out, routed_scaling_factor):  # upstream's body, same name
+    torch.sum(x, dim=1, out=out)
+    out.mul_(routed_scaling_factor)
+
+
+def _expert_outputs(rows=64, topk=4, hidden=256, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    # one magnitude, so the fp32 sum of topk bf16 values is exact whatever the order
+    return (torch.randn(rows, topk, hidden, generator=g) * 0.5).to(torch.bfloat16)
+
+
+def test_plain_body_rounds_twice_the_twin_once():
+    x = _expert_outputs()
+    plain, twin = (torch.empty(64, 256, dtype=torch.bfloat16) for _ in range(2))
+    moe_sum_reduce_torch_compile(x, plain, 2.5)
+    dfree.eager_twin(moe_sum_reduce_torch_compile)(x, twin, 2.5)
+    once = (x.double().sum(dim=1) * 2.5).to(torch.bfloat16)
+    assert torch.equal(twin, once)
+    assert not torch.equal(plain, twin)  # the double rounding the twin exists for
+    # a scale of 1 is exact: the plain sum already rounds once, and the twin is that sum
+    dfree.eager_twin(moe_sum_reduce_torch_compile)(x, twin, 1.0)
+    moe_sum_reduce_torch_compile(x, plain, 1.0)
+    assert torch.equal(twin, plain) and torch.equal(twin, x.double().sum(dim=1).to(torch.bfloat16))
+
+
+def test_wrapper_runs_the_twin_when_dynamo_free_and_the_plain_body_without_twins(monkeypatch):
+    monkeypatch.setenv(dfree.ENV, "1")
+    wrapped = dfree.compile_unless_dynamo_free(moe_sum_reduce_torch_compile)
+    x = _expert_outputs(seed=1)
+    got, plain = (torch.empty(64, 256, dtype=torch.bfloat16) for _ in range(2))
+    wrapped(x, got, 2.5)
+    assert torch.equal(got, (x.double().sum(dim=1) * 2.5).to(torch.bfloat16))
+    monkeypatch.setattr(dfree, "TWINS", {})  # what lab variant plain-eager-helpers does
+    wrapped(x, got, 2.5)
+    moe_sum_reduce_torch_compile(x, plain, 2.5)
+    assert torch.equal(got, plain)
+
+
+def _swiglu_silu_clamp_mul(x, gemm1_limit):  # upstream's body, same name
+    gate, up = x.chunk(2, dim=-1)
+    gate = torch.nn.functional.silu(gate)
+    gate = gate.clamp(min=None, max=gemm1_limit)
+    up = up.clamp(min=-gemm1_limit, max=gemm1_limit)
+    return gate * up
+
+
+def test_upcast_twin_computes_in_fp32_and_rounds_once():
+    x = torch.randn(32, 128, generator=torch.Generator().manual_seed(2)).to(torch.bfloat16)
+    got = dfree.eager_twin(_swiglu_silu_clamp_mul)(x, 7.0)
+    assert got.dtype == torch.bfloat16
+    assert torch.equal(got, _swiglu_silu_clamp_mul(x.float(), 7.0).to(torch.bfloat16))
+    assert not torch.equal(got, _swiglu_silu_clamp_mul(x, 7.0))
+
+
+@pytest.mark.skipif(shutil.which("g++") is None and shutil.which("c++") is None,
+                    reason="Inductor's CPU backend needs a C++ compiler")
+def test_twin_equals_what_inductor_compiles(monkeypatch):
+    """The compiled helper (Inductor, CPU backend) gives the twin's bits, not the plain body's."""
+    monkeypatch.setenv(dfree.ENV, "0")
+    x = _expert_outputs(rows=8, seed=3)
+    compiled_out, twin_out = (torch.empty(8, 256, dtype=torch.bfloat16) for _ in range(2))
+    torch._dynamo.reset()
+    try:
+        torch.compile(moe_sum_reduce_torch_compile)(x, compiled_out, 2.5)
+    except Exception as e:  # noqa: BLE001 - no working toolchain here: nothing to compare
+        pytest.skip(f"torch.compile unavailable on this host: {type(e).__name__}: {e}")
+    finally:
+        torch._dynamo.reset()
+    dfree.eager_twin(moe_sum_reduce_torch_compile)(x, twin_out, 2.5)
+    assert torch.equal(compiled_out, twin_out)
