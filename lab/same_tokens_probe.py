@@ -20,7 +20,6 @@ import argparse
 import json
 import os
 import random
-import subprocess
 import sys
 import threading
 import time
@@ -200,34 +199,20 @@ def select_variants(text: Optional[str]) -> List[str]:
 # servers (GPU host)
 # ------------------------------------------------------------------------------------------------
 def launcher():
-    """The server harness, imported here only: sglang.sm120.launcher, or test/gpu/server.py on a
-    tree from before the launcher moved there (same names)."""
-    try:
-        from sglang.sm120 import launcher as harness
-    except ImportError:
-        sys.path.insert(0, str(REPO / "test" / "gpu"))
-        import server as harness
+    """The server harness (sglang.sm120.launcher), imported only where a server starts."""
+    from sglang.sm120 import launcher as harness
+
     return harness
-
-
-def tiny_model(models_dir: Path, model: str) -> Path:
-    out = models_dir / model
-    if not (out / "config.json").is_file():
-        arch, quant = model.rsplit("-", 1)
-        subprocess.run([sys.executable, "-m", "sglang.sm120.tiny", "--arch", arch, "--quant", quant,
-                        "--out", str(out)], check=True, timeout=1200)
-    return out
 
 
 def model_flags_env(model: str):
     """Flags and environment a model needs on the H200 beside the common ones: the DSA model's
-    attention (test/gpu/tinymodels.py), NVFP4's ordered Marlin reduce (repeatable outputs)."""
+    attention (sglang.sm120.tiny.serving), NVFP4's ordered Marlin reduce (repeatable outputs)."""
     flags, env = [], {}
     if model.startswith("glm_moe_dsa-"):
-        sys.path.insert(0, str(REPO / "test" / "gpu"))
-        import tinymodels
+        from sglang.sm120.tiny import serving
 
-        flags, env = tinymodels.dsa_flags(), tinymodels.dsa_env()
+        flags, env = serving.dsa_flags(), serving.dsa_env()
     if model.endswith("-nvfp4"):
         env["SGLANG_SM120_MARLIN_MOE_ORDERED_REDUCE"] = "1"
     return flags, env
@@ -297,7 +282,9 @@ def main(argv=None) -> int:
             print(f"[same-tokens {time.time() - t_start:6.1f}s] {msg}", flush=True)
 
     args.out.mkdir(parents=True, exist_ok=True)
-    model_dir = tiny_model(args.models_dir, args.model)
+    from sglang.sm120.tiny import serving
+
+    model_dir = serving.tiny_model(args.models_dir, *args.model.rsplit("-", 1))
     vocab = json.loads((model_dir / "config.json").read_text())["vocab_size"]
     batches = build_workload(vocab, args.seed)
     pool = max_batch_tokens(batches) + 8192 * 2  # the largest batch at once, plus a chunk's room

@@ -30,7 +30,6 @@ from __future__ import annotations
 import json
 import os
 import random
-import sys
 import threading
 import time
 import urllib.request
@@ -39,11 +38,7 @@ from typing import Dict, List, Optional
 
 import pytest
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-try:
-    from sglang.sm120.launcher import Server, log_tail, request_json
-except ImportError:  # before the launcher move: the test harness, same names
-    from server import Server, log_tail, request_json  # noqa: E402
+from sglang.sm120.launcher import Server, log_tail, request_json
 import tinymodels  # noqa: E402
 from tinymodels import tiny_root  # noqa: E402,F401 (fixture)
 

@@ -9,7 +9,7 @@ import torch
 
 from sglang.sm120.runner import boundary
 from sglang.sm120.runner.boundary import RecordingSession, StagingArena, warm_rows
-from sglang.sm120.runner.cpu_graph import RecordingGraph
+from cpu_graph import RecordingGraph
 from sglang.sm120.runner.layerwise import capture_size
 from test_runner_segments import ToyModel, moe_scale_provider
 
