@@ -1,8 +1,8 @@
 """The fork reads no field off `get_server_args()`, the rule upstream 0.5.23's
 test/unit/test_global_config_read_ratchet.py enforces over the whole package (its baseline is 0):
 that record is the startup input and misses overrides made after the resolved config is
-published. Resolved values come through sglang.sm120.upstream_api.resolved, which reads each base's
-accessor (0.5.23: get_exec().<namespace>.<field>; 0.5.16: the record, resolved in place).
+published. Resolved values come through `resolved` in python/sglang/sm120/upstream_api.py, which
+reads each base's accessor (0.5.23: get_exec().<namespace>.<field>; 0.5.16: the record, resolved in place).
 
 Checked without installing anything: the overlay has no such read at all, and no patch of either
 series adds one (each file a series touches counts no more reads than upstream's own copy).
@@ -98,8 +98,8 @@ def record_reads(source: str) -> list[tuple[int, str]]:
 
 def test_the_scan_sees_every_form():
     sample = (
-        "from sglang.srt import runtime_context as rc\n"
-        "from sglang.srt.runtime_context import get_server_args\n"
+        "from upstream import runtime_context as rc\n"
+        "from upstream.runtime_context import get_server_args\n"
         "SA = get_server_args()\n"
         "def a():\n    return get_server_args().tp_size\n"
         "def b():\n    sa = get_server_args()\n    cfg = sa\n    return cfg.enable_deterministic_inference\n"
@@ -120,7 +120,7 @@ def test_the_overlay_reads_no_field_off_get_server_args():
         if reads:
             found[p.relative_to(REPO).as_posix()] = [f"line {ln}: .{f}" for ln, f in reads]
     assert not found, ("fields read off get_server_args() (0.5.23's ratchet forbids it; read them through "
-                       f"sglang.sm120.upstream_api.resolved, declared in RESOLVED_FIELDS): {found}")
+                       f"upstream_api.resolved, declared in its RESOLVED_FIELDS): {found}")
 
 
 @pytest.mark.parametrize("base", bases())

@@ -33,15 +33,15 @@ TOKEN = re.compile(r"(?<![\w./\-*<>{}$:])((?:[\w.-]+/)*[\w-][\w.-]*\.(?:" + "|".
 
 # Names the overlay writes (a generated model folder, the build's output), not files it cites.
 WRITTEN = {
-    "config.json": "tiny / full-size model folders: written by sglang.sm120.tiny",
-    "generation_config.json": "tiny model folders: written by sglang.sm120.tiny",
-    "hf_quant_config.json": "NVFP4 tiny model folders: written by sglang.sm120.tiny.quantize",
-    "special_tokens_map.json": "tiny model tokenizer: written by sglang.sm120.tiny.tokenizer",
-    "tokenizer.json": "tiny model tokenizer: written by sglang.sm120.tiny.tokenizer",
-    "tokenizer_config.json": "tiny model tokenizer: written by sglang.sm120.tiny.tokenizer",
-    "tiny_reference.json": "tiny model folders: the reference answers sglang.sm120.tiny writes",
-    "fullsize_model.json": "full-size shape folders: written by sglang.sm120.tiny.fullsize",
-    "model.safetensors.index.json": "full-size shape folders: written by sglang.sm120.tiny.fullsize",
+    "config.json": "tiny / full-size model folders: written by python/sglang/sm120/tiny/",
+    "generation_config.json": "tiny model folders: written by python/sglang/sm120/tiny/",
+    "hf_quant_config.json": "NVFP4 tiny model folders: written by python/sglang/sm120/tiny/quantize.py",
+    "special_tokens_map.json": "tiny model tokenizer: written by python/sglang/sm120/tiny/tokenizer.py",
+    "tokenizer.json": "tiny model tokenizer: written by python/sglang/sm120/tiny/tokenizer.py",
+    "tokenizer_config.json": "tiny model tokenizer: written by python/sglang/sm120/tiny/tokenizer.py",
+    "tiny_reference.json": "tiny model folders: the reference answers python/sglang/sm120/tiny/ writes",
+    "fullsize_model.json": "full-size shape folders: written by python/sglang/sm120/tiny/fullsize.py",
+    "model.safetensors.index.json": "full-size shape folders: written by python/sglang/sm120/tiny/fullsize.py",
     "_build_info.py": "sglang/sm120/_build_info.py: generated into the wheel by forkbuild/build.py",
 }
 
