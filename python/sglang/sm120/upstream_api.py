@@ -292,7 +292,7 @@ SERVER_ARGS_FIELDS = (
 # "record": the ServerArgs record runtime_context.get_server_args() returns (0.5.16 resolves it in
 # place, so the record holds the resolved value). "exec.<namespace>": get_exec().<namespace>.<field>
 # (0.5.23 publishes resolved values in namespace bags; its record is the startup input, misses
-# overrides made after publishing, and upstream's test/unit/test_global_config_read_ratchet.py
+# overrides made after publishing, and the global-config read ratchet of upstream's repository
 # fails on any field read off it). Each "exec.<namespace>" entry has the anchor
 # "exec.<namespace>.<field>" naming the class that declares the field on that base.
 RESOLVED_FIELDS: Dict[str, Dict[str, str]] = {
