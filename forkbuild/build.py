@@ -7,6 +7,7 @@ import tempfile
 import zipfile
 from pathlib import Path
 
+from . import settings as build_settings
 from .anchors import check_anchors, member_reader
 from .config import REPO, Pin, load_pin, running_python_tag
 from .errors import BuildError, log
@@ -51,8 +52,8 @@ def patched_members(members: dict[str, Member], patches: list[Patch]) -> dict[st
 
 
 def kernels_wanted() -> bool:
-    flag = os.environ.get("SGLANG_SM120_KERNELS", "auto").lower()
-    if flag in ("0", "no", "false", "off"):
+    flag = build_settings.read("SGLANG_SM120_KERNELS")  # auto, 0 or 1 (aliases folded)
+    if flag == "0":
         log("building without kernels (SGLANG_SM120_KERNELS=0): CPU-only wheel")
         return False
     from .kernels import find_nvcc
@@ -61,7 +62,7 @@ def kernels_wanted() -> bool:
     # nvcc on PATH
     nvcc = find_nvcc()
     if nvcc is None:
-        if flag in ("1", "yes", "true", "on"):
+        if flag == "1":
             raise BuildError("SGLANG_SM120_KERNELS=1 but no nvcc in $CUDA_HOME/bin, /usr/local/cuda/bin or on PATH")
         log("nvcc not found: building without kernels")
         return False
@@ -72,10 +73,13 @@ def kernels_wanted() -> bool:
 
 
 def build_kernels(members: dict[str, Member]) -> dict:
-    from .kernels import build_kernels as nvcc_build
+    from .kernels import KernelBuildError, build_kernels as nvcc_build
 
     with tempfile.TemporaryDirectory(prefix="sm120-kernels-") as tmp:
-        info = nvcc_build(REPO / "csrc", Path(tmp), log=log)
+        try:
+            info = nvcc_build(REPO / "csrc", Path(tmp), log=log)
+        except KernelBuildError as e:  # one line, as every other build failure
+            raise BuildError(str(e)) from None
         for f in sorted(Path(tmp).rglob("*")):
             if f.is_file():
                 rel = f.relative_to(tmp).as_posix()
@@ -119,6 +123,7 @@ def build_info_source(pin: Pin, wheel_name: str, sha: str, patches: list[Patch],
 
 
 def build_wheel(out_dir: Path, python_tag: str | None = None) -> Path:
+    build_settings.check_environment()  # a malformed variable fails here, before any download
     pin = load_pin()
     tag = python_tag or running_python_tag()
     filename = pin.wheel_for(tag)

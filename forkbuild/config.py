@@ -13,6 +13,7 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from . import settings as build_settings
 from .errors import BuildError
 
 REPO = Path(__file__).resolve().parent.parent
@@ -97,10 +98,11 @@ def load_pin(path: Path | None = None, base: str | None = None) -> Pin:
         default = up["default"]
     except KeyError as e:
         raise BuildError(f"{path}: missing key {e}") from None
-    version = base or os.environ.get(ENV_BASE) or default
+    from_env = None if base else build_settings.read(ENV_BASE)
+    version = base or from_env or default
     if version not in table:
-        how = f"{ENV_BASE}={version}" if not base and os.environ.get(ENV_BASE) else f"base {version}"
-        raise BuildError(f"{how}: not a supported upstream release; UPSTREAM.toml has {', '.join(table)}")
+        how = f"{ENV_BASE}={version!r}" if from_env else f"base {version!r}"
+        raise BuildError(f"{how}: expected one of {', '.join(table)} (the bases in UPSTREAM.toml)")
     b = table[version]
     try:
         req = b.get("requires_dist", {})

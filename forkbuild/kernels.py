@@ -27,8 +27,10 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from .errors import BuildError
+from .settings import read as read_setting
+
 LIBRARY_NAME = "libsm120_kernels.so"
-DEFAULT_ARCHS = ["sm_90a", "sm_120a"]
 PTXAS_LOG = "ptxas.log"
 _ARCH_RE = re.compile(r"^sm_(\d+)([af]?)$")
 _KERNEL_RE = re.compile(r"__global__\s+void\s+(?:__launch_bounds__\([^)]*\)\s+)?(\w+)\s*\(")
@@ -39,10 +41,7 @@ class KernelBuildError(RuntimeError):
 
 
 def default_archs() -> list[str]:
-    env = os.environ.get("SGLANG_SM120_ARCHS", "").strip()
-    if env:
-        return [a.strip() for a in env.split(",") if a.strip()]
-    return list(DEFAULT_ARCHS)
+    return [a.strip() for a in read_setting("SGLANG_SM120_ARCHS").split(",") if a.strip()]
 
 
 def find_nvcc() -> str | None:
@@ -169,7 +168,7 @@ def build_kernels(csrc_dir: Path, out_dir: Path, archs: list[str] | None = None,
     if not sources:
         raise KernelBuildError(f"no .cu files in {csrc_dir}")
     out_dir.mkdir(parents=True, exist_ok=True)
-    jobs = int(os.environ.get("SGLANG_SM120_BUILD_JOBS", "0")) or (os.cpu_count() or 1)
+    jobs = read_setting("SGLANG_SM120_BUILD_JOBS") or (os.cpu_count() or 1)
     log(f"[kernels] nvcc {nvcc}; {len(sources)} files for {','.join(archs)} with {jobs} jobs")
     t0 = time.monotonic()
     reports = {}
@@ -192,7 +191,7 @@ def build_kernels(csrc_dir: Path, out_dir: Path, archs: list[str] | None = None,
         if proc.returncode != 0:
             err = (proc.stdout + proc.stderr).strip().splitlines()
             raise KernelBuildError(f"nvcc failed linking {LIBRARY_NAME}: {err[0] if err else 'unknown error'}")
-        if os.environ.get("SGLANG_SM120_SASS_CHECK", "1") != "0":
+        if read_setting("SGLANG_SM120_SASS_CHECK"):
             log(f"[kernels] {check_sass(tmp_lib, archs)}")  # before replacing a good library
         shutil.copyfile(tmp_lib, lib)  # replace atomically enough for a build dir; keeps mode bits sane
         os.chmod(lib, 0o755)
@@ -212,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
     archs = [a.strip() for a in args.archs.split(",") if a.strip()] if args.archs else None
     try:
         info = build_kernels(args.csrc, args.out, archs)
-    except KernelBuildError as exc:
+    except (KernelBuildError, BuildError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     print(f"[kernels] archs={','.join(info['archs'])} kernels={','.join(info['kernels'])} library={info['library']}")

@@ -10,6 +10,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from . import settings as build_settings
 from .errors import BuildError, log
 
 ENV_WHEEL = "SGLANG_UPSTREAM_WHEEL"
@@ -18,7 +19,7 @@ ENV_INDEX = "SGLANG_SM120_INDEX_URL"
 
 
 def cache_dir() -> Path:
-    root = os.environ.get(ENV_CACHE) or os.path.join(
+    root = build_settings.read(ENV_CACHE) or os.path.join(
         os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "sglang-sm120"
     )
     return Path(root) / "upstream"
@@ -64,7 +65,7 @@ def _index_files(index: str, package: str) -> dict[str, str]:
 
 
 def download(filename: str, package: str, index: str, dest: Path) -> Path:
-    index = os.environ.get(ENV_INDEX, index)
+    index = build_settings.read(ENV_INDEX) or index
     try:
         url = _index_files(index, package).get(filename)
         if url is None:

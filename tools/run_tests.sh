@@ -14,6 +14,8 @@ if [ -z "${SGLANG_SM120_DEPS:-}" ]; then
 fi
 ALL_BASES=$("${PYTHON:-python3}" -c 'import tomllib; print(" ".join(tomllib.load(open("UPSTREAM.toml", "rb"))["base"]))')
 BASES="${SGLANG_SM120_TEST_BASES:-${SGLANG_SM120_BASE:-$ALL_BASES}}"
+# Each base and every build variable checked before any venv is created (one `error:` line).
+"${PYTHON:-python3}" -m forkbuild.settings --also SGLANG_SM120_DEPS $(printf -- '--base %s ' $BASES) || exit 2
 mkdir -p .cache
 t0=$SECONDS
 

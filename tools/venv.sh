@@ -5,6 +5,10 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 export SGLANG_SM120_CACHE="${SGLANG_SM120_CACHE:-$PWD/.cache/sglang-sm120}"
+source tools/heartbeat.sh
+# Every build variable (the base among them) and SGLANG_SM120_DEPS checked before anything is
+# created: a bad value is one `error:` line naming the variable and what it accepts.
+"${PYTHON:-python3}" -m forkbuild.settings --also SGLANG_SM120_DEPS || exit 2
 DEFAULT_BASE=$("${PYTHON:-python3}" -c 'import tomllib; print(tomllib.load(open("UPSTREAM.toml", "rb"))["upstream"]["default"])')
 export SGLANG_SM120_BASE="${SGLANG_SM120_BASE:-$DEFAULT_BASE}"
 if [ "$SGLANG_SM120_BASE" = "$DEFAULT_BASE" ]; then VENV=.venv; else VENV=".venv-$SGLANG_SM120_BASE"; fi
@@ -31,7 +35,8 @@ echo "[setup] building the fork wheel (pip wheel . --no-deps)"
 DIST="dist/$SGLANG_SM120_BASE"
 rm -rf "$DIST"
 # pip hides a backend's output unless verbose; keep just the build's own progress lines.
-vpip wheel . --no-deps -w "$DIST" -v > ".cache/pip-wheel-$SGLANG_SM120_BASE.log" 2>&1 || {
+build_wheel() { vpip wheel . --no-deps -w "$DIST" -v > ".cache/pip-wheel-$SGLANG_SM120_BASE.log" 2>&1; }
+with_heartbeat 30 - "building the wheel" -- build_wheel || {
   grep -E "^ *(\[sglang-sm120\]|\[kernels\]|error)" ".cache/pip-wheel-$SGLANG_SM120_BASE.log"; tail -20 ".cache/pip-wheel-$SGLANG_SM120_BASE.log"
   echo "[setup] building the wheel failed (full log: .cache/pip-wheel-$SGLANG_SM120_BASE.log)"; exit 1; }
 grep -E "^ *(\[sglang-sm120\]|\[kernels\])" ".cache/pip-wheel-$SGLANG_SM120_BASE.log" || true
@@ -42,12 +47,13 @@ WHEEL=$(ls "$DIST"/sglang-*.whl)
 DEPS="${SGLANG_SM120_DEPS:-full}"
 FREE_MB=$(df -Pm . | awk 'NR==2 {print $4}')
 echo "[setup] installing $WHEEL with its $DEPS dependencies (first run downloads torch: a few minutes; ${FREE_MB} MB free here, a fresh $VENV takes ~10 GB at peak)"
+# pip -q is silent for minutes here (torch and friends: GBs): a line every 30 s shows it moving.
 case "$DEPS" in
-  full) vpip install -q "$WHEEL" ;;
+  full) with_heartbeat 30 "$VENV" "installing dependencies" -- vpip install -q "$WHEEL" ;;
   cpu-test)
     "$VPY" -m tools.cpu_test_requirements "$WHEEL" > ".cache/cpu-test-requirements-$SGLANG_SM120_BASE.txt"
-    vpip install -q -r ".cache/cpu-test-requirements-$SGLANG_SM120_BASE.txt" ;;
-  *) echo "[setup] SGLANG_SM120_DEPS must be full or cpu-test, not '$DEPS'"; exit 2 ;;
+    with_heartbeat 30 "$VENV" "installing dependencies" -- \
+      vpip install -q -r ".cache/cpu-test-requirements-$SGLANG_SM120_BASE.txt" ;;
 esac
 vpip install -q --no-deps --force-reinstall "$WHEEL"
 export SGLANG_SM120_WHEEL="$PWD/$WHEEL"

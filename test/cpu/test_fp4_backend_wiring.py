@@ -1,5 +1,5 @@
 """Patch 0201: `--fp4-gemm-backend sm120` reaches sglang.sm120.fp4_linear; `auto` keeps upstream's
-choice off SM120. Runs against the installed fork (see test_installed.py)."""
+choice off SM120; the flag's help says what `auto` picks on SM120 with the fork. Runs against the installed fork (see test_installed.py)."""
 import importlib.metadata as md
 import os
 import subprocess
@@ -26,6 +26,13 @@ SCRIPT = textwrap.dedent(
 
     p = argparse.ArgumentParser(); ServerArgs.add_cli_args(p)
     assert p.parse_args(["--model-path", "m", "--fp4-gemm-backend", "sm120"]).fp4_gemm_runner_backend == "sm120"
+    # the help says what auto picks on SM120 with the fork, and what sm120 is
+    help_text = next(a.help for a in p._actions if "--fp4-gemm-backend" in a.option_strings)
+    for words in ("'auto' (default; on SM120 GPUs with sglang-sm120: 'sm120' when the fork's kernel "
+                  "library loads and its self-check on the first NVFP4 layer passes, else upstream's choice",
+                  "'sm120' (sglang-sm120's NVFP4 kernels"):
+        assert words in help_text, help_text
+    assert "flashinfer_cutlass otherwise (including SM120)" not in help_text, help_text
 
     init("auto")
     auto = fp4_utils.get_fp4_gemm_runner_backend()

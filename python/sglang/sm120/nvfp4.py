@@ -1,7 +1,8 @@
 """Pure-PyTorch reference of the NVFP4 format (CPU or CUDA tensors).
 
-Written from the format description in DESIGN.md; it is the oracle the CUDA kernels are tested
-against (bit-exact for quantization, tolerance for GEMMs) and the fallback where no kernel exists.
+Written from the format description (docs/kernels.md, "Format conventions"); it is the oracle
+the CUDA kernels are tested against (bit-exact for quantization, tolerance for GEMMs) and the
+fallback where no kernel exists.
 
 Format
 ------

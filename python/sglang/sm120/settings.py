@@ -9,9 +9,11 @@ value must parse as the registered type, else ValueError naming the variable, it
 is accepted. A name that is not registered raises KeyError: register it here first.
 
 Scopes: runtime (read by the server process), build (setup.py / forkbuild), test (the test
-suite), tools (deploy/, lab/, benchmarks/, tools/ scripts). Only runtime settings are read
-through this module; the other scopes are registered so the table and the repository scan
-(test/cpu/test_settings.py) cover them, and their readers keep parsing them where they are.
+suite), tools (deploy/, lab/, benchmarks/, tools/ scripts). Runtime settings are read through
+this module, and so are build settings: forkbuild/settings.py loads this file (the build has no
+sglang package to import) and reads every build variable through `get`. The test and tools
+scopes are registered so the table and the repository scan (test/cpu/test_settings.py) cover
+them; their readers keep parsing them where they are.
 
     python -m sglang.sm120.settings --markdown            # print the tables
     python -m sglang.sm120.settings --write-docs docs/settings.md   # refresh the marked block
@@ -40,7 +42,8 @@ class Setting:
     (None: no value). switch: 1 / 0 only, `on` / `off` describe the two states in errors.
     choice: `choices` are the accepted values (compared after lower-casing when `fold_case`);
     `aliases` maps further accepted spellings to one of them. int / float: `minimum` bounds the
-    value from below (inclusive)."""
+    value from below (inclusive). str / path: a `pattern` the whole value must match, `expect`
+    says in words what it accepts."""
 
     name: str
     kind: str
@@ -54,6 +57,8 @@ class Setting:
     on: str = "on"
     off: str = "off"
     note: str = ""
+    pattern: str = ""
+    expect: str = ""
 
     def __post_init__(self):
         if not self.name.startswith(PREFIX) or not NAME_PATTERN.fullmatch(self.name):
@@ -64,6 +69,8 @@ class Setting:
             raise ValueError(f"{self.name}: scope must be one of {SCOPES}, got {self.scope!r}")
         if self.kind == "choice" and (not self.choices or self.default not in self.choices):
             raise ValueError(f"{self.name}: a choice needs choices that include its default")
+        if self.pattern and (self.kind not in ("str", "path") or not self.expect):
+            raise ValueError(f"{self.name}: a pattern is for str / path settings and needs `expect`")
 
     def parse(self, raw: Optional[str]) -> Any:
         """The typed value of `raw` (the variable's text, None when unset)."""
@@ -93,6 +100,8 @@ class Setting:
                 raise ValueError(f"{self.name}={text!r}: expected {what}{bound}"
                                  + (f" ({self.note})" if self.note else ""))
             return value
+        if self.pattern and not re.fullmatch(self.pattern, text):
+            raise ValueError(f"{self.name}={text!r}: expected {self.expect}")
         return text  # path, str
 
     def default_text(self) -> str:
@@ -218,12 +227,15 @@ SETTINGS: Tuple[Setting, ...] = (
        "wheel).", choices=("auto", "0", "1"), fold_case=True,
        aliases={"no": "0", "false": "0", "off": "0", "yes": "1", "true": "1", "on": "1"}),
     _s("ARCHS", "str", "sm_90a,sm_120a", "build",
-       "Comma list of GPU architectures the kernels are compiled for."),
+       "Comma list of GPU architectures the kernels are compiled for.",
+       pattern=r"sm_\d+[af]?(\s*,\s*sm_\d+[af]?)*\s*,?",
+       expect="a comma list of sm_<number>[a|f], e.g. sm_90a,sm_120a"),
     _s("BUILD_JOBS", "int", 0, "build",
        "Parallel nvcc jobs; 0 = the CPU count.", minimum=0),
     _s("SASS_CHECK", "switch", True, "build",
        "After the kernel build, refuse a library whose SASS reads uniform registers it never "
-       "writes (a ptxas mis-encoding that faults on the GPU); 0 skips the check."),
+       "writes (a ptxas mis-encoding that faults on the GPU); 0 skips the check.",
+       on="check the library's SASS, the default", off="skip the check"),
     _s("BASE", "str", None, "build",
        "Upstream release the build takes as its base (one with a table in UPSTREAM.toml: 0.5.23 or "
        "0.5.16); unset: UPSTREAM.toml's [upstream].default. Also picks the series tools/refresh.py "
@@ -231,7 +243,8 @@ SETTINGS: Tuple[Setting, ...] = (
     _s("CACHE", "path", None, "build",
        "Cache folder of downloaded upstream wheels (default: $XDG_CACHE_HOME/sglang-sm120)."),
     _s("INDEX_URL", "str", None, "build",
-       "Package index the pinned upstream wheel is downloaded from (default: UPSTREAM.toml's index)."),
+       "Package index the pinned upstream wheel is downloaded from (default: UPSTREAM.toml's index).",
+       pattern=r"(https?|file)://\S+", expect="an http://, https:// or file:// URL of a simple index"),
     # ---- test suite
     _s("TEST_BASES", "str", None, "test",
        "tools/run_tests.sh: the bases to test, space-separated (default: SGLANG_SM120_BASE alone "

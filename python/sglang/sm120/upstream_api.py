@@ -139,6 +139,15 @@ ANCHORS: Dict[str, Dict[str, Optional[str]]] = {
         "0.5.16": None,
         "0.5.23": "sglang.srt.runtime_context:get_exec",
     },
+    # resolved(): where 0.5.23 declares the fields the overlay reads from its namespace bags
+    "exec.deterministic.enable_deterministic_inference": {
+        "0.5.16": None,
+        "0.5.23": "sglang.srt.arg_groups.fields.exec_:ExecDeterministic.enable_deterministic_inference",
+    },
+    "exec.moe.enable_fused_moe_sum_all_reduce": {
+        "0.5.16": None,
+        "0.5.23": "sglang.srt.arg_groups.fields.exec_:ExecMoe.enable_fused_moe_sum_all_reduce",
+    },
     # runner/lean_moe.py: the Triton MoE path it replays without Python dispatch
     "FusedMoE": _both("sglang.srt.layers.moe.fused_moe_triton.layer:FusedMoE"),
     "FusedMoE.forward": _both("sglang.srt.layers.moe.fused_moe_triton.layer:FusedMoE.forward"),
@@ -251,6 +260,10 @@ ABSENT: Dict[str, str] = {
         "0.5.16 has it as the method ServerArgs._disable_full_prefill_cudagraph_if_incompatible",
     "runtime_context.get_exec": "0.5.16 keeps the resolved config on ServerArgs itself",
     "fp4_utils.get_exec": "0.5.16's initialize_fp4_gemm_config takes the server args instead",
+    "exec.deterministic.enable_deterministic_inference": "0.5.16 has no namespace bags: the resolved "
+                                                         "value is the ServerArgs record's field",
+    "exec.moe.enable_fused_moe_sum_all_reduce": "0.5.16 has no namespace bags: the resolved value is "
+                                                "the ServerArgs record's field",
     "add_fp4_gemm_runner_backend_choices": "0.5.16 has no add_*_choices extension points (patch 0201 edits the list)",
     "ServerArgs._disable_breakable_cudagraph_if_incompatible":
         "0.5.23 moved the per-backend prefill rules into arg_groups/cuda_graph_hook.py",
@@ -274,6 +287,18 @@ SERVER_ARGS_FIELDS = (
     "cuda_graph_backend_decode", "cuda_graph_backend_prefill", "disable_cuda_graph", "fp4_gemm_runner_backend",
     "chunked_prefill_size", "max_running_requests", "tp_size",
 )
+
+# Resolved settings the overlay reads at run time, through `resolved(field)`: field -> {base: where}.
+# "record": the ServerArgs record runtime_context.get_server_args() returns (0.5.16 resolves it in
+# place, so the record holds the resolved value). "exec.<namespace>": get_exec().<namespace>.<field>
+# (0.5.23 publishes resolved values in namespace bags; its record is the startup input, misses
+# overrides made after publishing, and the global-config read ratchet of upstream's repository
+# fails on any field read off it). Each "exec.<namespace>" entry has the anchor
+# "exec.<namespace>.<field>" naming the class that declares the field on that base.
+RESOLVED_FIELDS: Dict[str, Dict[str, str]] = {
+    "enable_deterministic_inference": {"0.5.16": "record", "0.5.23": "exec.deterministic"},
+    "enable_fused_moe_sum_all_reduce": {"0.5.16": "record", "0.5.23": "exec.moe"},
+}
 
 # Attributes the overlay reads from ServerArgs that a base or a moment may lack, and why reading
 # them with a default is right there (runner/config.py `_get`).
@@ -387,6 +412,14 @@ def missing(read: Callable[[str], Optional[str]], base: str) -> List[str]:
         why = _field_missing(tree, base, field)
         if why:
             out.append(f"ServerArgs.{field}: {why}")
+    for field, where in RESOLVED_FIELDS.items():
+        place = where.get(base)
+        if place is None or (place != "record" and not place.startswith("exec.")):
+            out.append(f"resolved {field}: no reader declared for base {base} (RESOLVED_FIELDS)")
+        elif place.startswith("exec.") and (ANCHORS.get(f"{place}.{field}", {}).get(base) is None
+                                            or ANCHORS["runtime_context.get_exec"].get(base) is None):
+            out.append(f"resolved {field}: {place} on {base} needs the anchors runtime_context.get_exec "
+                       f"and {place}.{field}")
     return out
 
 
@@ -495,6 +528,19 @@ def has(name: str) -> bool:
     if name not in ANCHORS:
         raise KeyError(f"{name}: not an anchor declared in sglang/sm120/upstream_api.py")
     return ANCHORS[name][check_installed()] is not None
+
+
+def resolved(field: str):
+    """The resolved value of the server setting `field` in this process, read where the installed
+    base keeps it (RESOLVED_FIELDS)."""
+    if field not in RESOLVED_FIELDS:
+        raise KeyError(f"{field}: not declared in RESOLVED_FIELDS (sglang/sm120/upstream_api.py)")
+    place = RESOLVED_FIELDS[field][check_installed()]
+    if place == "record":
+        holder = require("runtime_context.get_server_args")()
+    else:
+        holder = getattr(require("runtime_context.get_exec")(), place.split(".", 1)[1])
+    return getattr(holder, field)
 
 
 def require(name: str):

@@ -13,7 +13,7 @@ A ModelOpt NVFP4 weight [N, K/2] (two e2m1 a byte, low nibble first) plus its e4
 * Each word holds 8 e2m1 values with their bits permuted (``ENC_BITS``) so the W4A16 kernel turns
   every bf16 pair into place with one or two rotate+mask operations and the W4A4 kernel reaches
   plain nibbles (in ``P_ORDER``) with four.
-* ``scales``: float8_e4m3fn [N_pad, K_pad/16] in the 128x4 swizzled layout (DESIGN.md).
+* ``scales``: float8_e4m3fn [N_pad, K_pad/16] in the 128x4 swizzled layout (docs/kernels.md).
 
 Blocks whose scale is 0 get all-zero codes (the kernels map a zero scale to a nonzero constant and
 rely on zero codes). Negative or NaN block scales are rejected.

@@ -1,7 +1,9 @@
 """Eager stand-ins for upstream's @torch.compile helpers on the serving path.
 
 Upstream decorates small helpers (MoE top-k fallbacks, moe_sum_reduce, SwiGLU variants, the
-vocab-parallel embedding mask) with torch.compile. Every call of such a helper enters Dynamo,
+vocab-parallel embedding mask, the DSA indexer's head gates, the seeded sampler, the repetition
+penalty, FP4 KV quantization, ...) with torch.compile; test/cpu/runner/torch_compile_sites.toml
+lists every site of each base and why the others are never reached. Every call of such a helper enters Dynamo,
 even when its code is cached, and the first call compiles (Inductor + Triton, minutes cold). The
 series replaces those decorators with `compile_unless_dynamo_free(...)`: when the layerwise
 backend is configured (SGLANG_SM120_DYNAMO_FREE=1, set by runner.config.finalize and inherited

@@ -91,7 +91,6 @@ def layer_refusal(layer) -> Optional[str]:
     from sglang.srt.layers.moe.moe_runner.triton_utils import get_config
     from sglang.srt.layers.moe.token_dispatcher.standard import StandardDispatcher
     from sglang.srt.layers.quantization.unquant import UnquantizedFusedMoEMethod
-    from sglang.srt.runtime_context import get_server_args
 
     fm, mab = _upstream()
     if type(layer) is not FusedMoE:
@@ -129,10 +128,9 @@ def layer_refusal(layer) -> Optional[str]:
         return "no_combine"
     if cfg.top_k == 1 and cfg.routed_scaling_factor not in (None, 1.0):
         return "top_k 1 with a routed scaling factor"
-    sa = get_server_args()
-    if sa.enable_deterministic_inference or is_batch_invariant_mode_enabled():
+    if upstream_api.resolved("enable_deterministic_inference") or is_batch_invariant_mode_enabled():
         return "deterministic inference (batch-invariant mode)"
-    if sa.enable_fused_moe_sum_all_reduce:
+    if upstream_api.resolved("enable_fused_moe_sum_all_reduce"):
         return "--enable-fused-moe-sum-all-reduce"
     if mab._SGLANG_EXPERIMENTAL_LORA_OPTI:
         return "SGLANG_EXPERIMENTAL_LORA_OPTI (another align kernel)"
