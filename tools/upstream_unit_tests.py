@@ -10,7 +10,7 @@ WORK/<variant>/test/, the layout upstream's tests expect (the ratchet tests find
 `<repo>/python/sglang`), and that python/ goes first on PYTHONPATH, so the venv's own sglang is
 not the one tested.
 
-    python tools/upstream_unit_tests.py --tests ~/sglang-v0.5.23/test [--python .venv/bin/python]
+    python -m tools.upstream_unit_tests --tests ~/sglang-v0.5.23/test [--python .venv/bin/python]
         [--fork-wheel dist/0.5.23/sglang-*.whl] [--upstream-wheel FILE] [--work DIR] [FILE ...]
 
 FILE: test files relative to --tests (default: those of DEFAULT_FILES that exist there). The
@@ -33,7 +33,6 @@ import zipfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
 
 from forkbuild.config import load_pin  # noqa: E402
 from forkbuild.errors import BuildError  # noqa: E402
@@ -116,7 +115,7 @@ def summary(result: dict[str, str]) -> str:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="tools/upstream_unit_tests.py", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m tools.upstream_unit_tests", description=__doc__.splitlines()[0])
     ap.add_argument("--tests", type=Path, required=True, help="upstream's test/ folder at the base's tag")
     ap.add_argument("--python", default=None, help="interpreter of a venv with the base's dependencies")
     ap.add_argument("--fork-wheel", type=Path, default=None)

@@ -12,14 +12,12 @@ an instance attribute bound from it (`self._sa = get_server_args()` then `self._
 from __future__ import annotations
 
 import ast
-import sys
 import zipfile
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO))
 
 from forkbuild.build import patched_members, read_upstream  # noqa: E402
 from forkbuild.config import bases, load_pin, running_python_tag  # noqa: E402

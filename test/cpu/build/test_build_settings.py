@@ -16,7 +16,6 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[3]
-sys.path.insert(0, str(REPO))
 
 pytestmark = pytest.mark.base_independent
 

@@ -9,7 +9,6 @@ import ast
 import io
 import re
 import subprocess
-import sys
 import tokenize
 import zipfile
 from functools import lru_cache
@@ -18,7 +17,6 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[3]
-sys.path.insert(0, str(REPO))
 
 from forkbuild.config import bases, load_pin, running_python_tag  # noqa: E402
 from forkbuild.upstream import fetch_pinned  # noqa: E402

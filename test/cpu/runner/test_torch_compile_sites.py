@@ -14,7 +14,6 @@ frame runs during capture and replay."""
 from __future__ import annotations
 
 import ast
-import sys
 import tomllib
 import warnings
 from collections import Counter
@@ -24,7 +23,6 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[3]
-sys.path.insert(0, str(REPO))
 
 from forkbuild.build import patched_members, read_upstream  # noqa: E402
 from forkbuild.config import bases, load_pin, running_python_tag  # noqa: E402

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 TOOL = REPO / "tools" / "upstream_unit_tests.py"
 
 pytestmark = pytest.mark.base_independent
@@ -48,7 +48,7 @@ def layout(tmp_path):
 
 
 def _run(tests, up, fork, work, *files):
-    return subprocess.run([sys.executable, str(TOOL), "--tests", str(tests), "--python", sys.executable,
+    return subprocess.run([sys.executable, "-m", "tools.upstream_unit_tests", "--tests", str(tests), "--python", sys.executable,
                            "--upstream-wheel", str(up), "--fork-wheel", str(fork), "--work", str(work), *files],
                           capture_output=True, text=True, timeout=300, cwd=REPO)
 
@@ -74,11 +74,8 @@ def test_the_same_outcomes_exit_0(layout, tmp_path):
 
 def test_default_files_and_a_missing_file(layout, tmp_path):
     tests, up, fork = layout
-    sys.path.insert(0, str(REPO / "tools"))
-    try:
-        import upstream_unit_tests as tool
-    finally:
-        sys.path.remove(str(REPO / "tools"))
+    from tools import upstream_unit_tests as tool
+
     assert tool.default_files(tests) == ["unit/test_scan_ratchet.py"]
     proc = _run(tests, up, fork, tmp_path / "work", "unit/test_nope.py")
     assert proc.returncode == 2 and "unit/test_nope.py" in proc.stderr, proc.stderr
