@@ -63,6 +63,12 @@
 #                capped (SGLANG_SM120_GPU_MAX_TOKENS) so it can share the GPU with that step, but
 #                the launch line's literal --mem-fraction-static 0.7 cannot: beside the grid, pass
 #                GPU_SUITE_K="not launch_line" and run the glm5-launch-line step after it      2400
+#   same-tokens-probe  lab/same_tokens_probe.py on $SAME_TOKENS_MODEL (default glm4_moe-bf16): one
+#                server per variant side by side, which source changes layerwise's greedy tokens
+#                against graphs disabled -> RESULTS/same-tokens-probe/ (a probe)                    480
+#   same-tokens  test_same_tokens.py (quick subset unless SAME_TOKENS_FULL=1): layerwise tokens
+#                identical to graphs disabled, repeatability, a cold-JIT start under strict traps
+#                -> RESULTS/same-tokens-h200.json (the record)                                      600
 #   repeat-probe lab/repeat_probe.py: one server per variant in $REPEAT_PROBE_VARIANTS (';'-separated
 #                "NAME MODEL [WORD...]"; default: the DSA NVFP4 greedy-repeat suspects), each
 #                answering one greedy batch 12 times -> RESULTS/repeat-probe.json              900
@@ -94,7 +100,7 @@ cd "$(dirname "$0")/.."
 RES=$(mkdir -p "$1" && cd "$1" && pwd); shift
 STEPS=("$@")
 [ ${#STEPS[@]} -gt 0 ] || STEPS=(correctness-full correctness-alone prefill-fa2 runner zero-copy traps kernels fp4 lean-moe prefill-profile correctness graph-memory fp4-ncu moe-profile eager-warmup)
-KNOWN="repeat-probe glm5-launch-line sm120-check fp4-selfcheck gpu-suite lean-moe kernels fp4 fp4-ab w4a16-timeline fp4-ncu graph-memory runner prefill-profile prefill-fa2 zero-copy moe-profile traps correctness correctness-full correctness-alone eager-warmup client-ceiling serving soak serving-diag serving-soak serving-tw4"
+KNOWN="same-tokens-probe same-tokens repeat-probe glm5-launch-line sm120-check fp4-selfcheck gpu-suite lean-moe kernels fp4 fp4-ab w4a16-timeline fp4-ncu graph-memory runner prefill-profile prefill-fa2 zero-copy moe-profile traps correctness correctness-full correctness-alone eager-warmup client-ceiling serving soak serving-diag serving-soak serving-tw4"
 for s in "${STEPS[@]}"; do  # all checked before the first one starts
   case " $KNOWN " in *" $s "*) ;; *) echo "gpu_queue.sh: unknown step $s ($KNOWN)"; exit 2 ;; esac
 done
@@ -142,6 +148,13 @@ for s in "${STEPS[@]}"; do
           --log-file "$RES/fp4-ncu.txt" \
           "$PY" lab/fp4_lab.py profile --cases-out "$RES/fp4-ncu-cases.json"
       fi ;;
+    same-tokens-probe)
+      step same-tokens-probe 480 "$PY" lab/same_tokens_probe.py --out "$RES/same-tokens-probe" \
+        --model "${SAME_TOKENS_MODEL:-glm4_moe-bf16}" ${SAME_TOKENS_VARIANTS:+--variants "$SAME_TOKENS_VARIANTS"} ;;
+    same-tokens)
+      quick=1; [ "${SAME_TOKENS_FULL:-0}" = 1 ] && quick=0
+      SGLANG_SM120_GPU_QUICK=$quick SGLANG_SM120_RESULTS_DIR="$RES" step same-tokens 600 "$PY" -m pytest -m gpu -q -rA \
+        -p no:cacheprovider test/gpu/test_same_tokens.py ${SAME_TOKENS_K:+-k "$SAME_TOKENS_K"} ;;
     repeat-probe)
       probe=()
       IFS=';' read -ra specs <<< "${REPEAT_PROBE_VARIANTS:-base glm_moe_dsa-nvfp4;bf16 glm_moe_dsa-bf16;no-overlap glm_moe_dsa-nvfp4 --disable-overlap-schedule;marlin-atomic glm_moe_dsa-nvfp4 SGLANG_SM120_MARLIN_MOE_ORDERED_REDUCE=0;qwen3-nvfp4 qwen3_moe-nvfp4}"
