@@ -92,6 +92,11 @@ ANCHORS: Dict[str, Dict[str, Optional[str]]] = {
         "0.5.16": "sglang.srt.server_args:FP4_GEMM_RUNNER_BACKEND_CHOICES",
         "0.5.23": "sglang.srt.arg_groups.choices:FP4_GEMM_RUNNER_BACKEND_CHOICES",
     },
+    # server_flags.py: the legacy piecewise flags restored where a base dropped them
+    "argparse_actions.DeprecatedStoreConstAction": _both(
+        "sglang.srt.arg_groups.argparse_actions:DeprecatedStoreConstAction"),
+    "argparse_actions.DeprecatedAliasStoreAction": _both(
+        "sglang.srt.arg_groups.argparse_actions:DeprecatedAliasStoreAction"),
     "ServerArgs.get_model_config": {
         "0.5.16": "sglang.srt.server_args:ServerArgs.get_model_config",
         "0.5.23": None,
