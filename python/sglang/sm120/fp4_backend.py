@@ -22,6 +22,11 @@ def disable_sm120(reason: str) -> None:
     _disabled_reason = reason
 
 
+def picks_sm120(capability) -> bool:
+    """`auto` picks the fork's kernels on this compute capability (when their library loads)."""
+    return tuple(capability)[0] == 12
+
+
 def auto_backend_choice() -> Optional[str]:
     try:
         import torch
@@ -29,7 +34,7 @@ def auto_backend_choice() -> Optional[str]:
         return None
     if _disabled_reason is not None:
         return None
-    if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 12:
+    if not torch.cuda.is_available() or not picks_sm120(torch.cuda.get_device_capability()):
         return None
     from sglang.sm120 import kernels
 

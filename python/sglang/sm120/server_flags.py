@@ -105,3 +105,17 @@ def add_restored_flags(parser: argparse.ArgumentParser) -> None:
     for flag, kwargs in _legacy_piecewise_flags(upstream_api):
         if flag not in parser._option_string_actions:
             parser.add_argument(flag, **kwargs)
+            RESTORED_LEGACY_FLAGS.add(flag)
+
+
+# Legacy piecewise flags add_restored_flags added because this base lacks them (empty on 0.5.16,
+# whose patch 0002 adds --enable-piecewise-cuda-graph alone); upstream alone refuses these.
+RESTORED_LEGACY_FLAGS: set = set()
+
+
+def restored_legacy_flags() -> frozenset:
+    """The legacy piecewise flags only the fork accepts on this base (builds the CLI once)."""
+    from sglang.srt.server_args import ServerArgs
+
+    ServerArgs.add_cli_args(argparse.ArgumentParser())
+    return frozenset(RESTORED_LEGACY_FLAGS)

@@ -4,8 +4,11 @@ Server-argument resolution reads the machine through a few probes (device memory
 capability, SM count, whether CUDA is there). `faked_card` answers them for a card from CARDS at
 the places upstream itself reads them, `sglang.srt.utils.common`'s probes and torch.cuda's
 capability / name / properties, so that resolving on a machine without that GPU (or without any)
-takes the branches it would take on the card. Nothing else is changed: no CUDA context is made,
-`torch.cuda.is_available()` keeps its answer.
+takes the branches it would take on the card; upstream's cached predicates over them
+(`is_sm120_supported`, ...) are evaluated afresh from the fakes. Nothing else is changed: no CUDA
+context is made, `torch.cuda.is_available()` keeps its answer, and a module imported meanwhile
+sees the real machine (its import-time constants choose kernels to import, which a plan never
+runs).
 """
 from __future__ import annotations
 
@@ -69,6 +72,7 @@ def _upstream_probes(c: Card) -> Dict[str, object]:
     return {
         "is_cuda": lambda: True,
         "is_cuda_alike": lambda: True,
+        "get_device": lambda device_id=None: "cuda" if device_id is None else f"cuda:{device_id}",
         "get_device_sm": lambda: c.sm,
         "get_device_capability": lambda device_id=0: c.capability,
         "get_device_name": lambda device_id=0: c.name,
@@ -88,18 +92,34 @@ def _torch_cuda_fakes(c: Card) -> Dict[str, object]:
     }
 
 
-def _clear_probe_caches(common) -> None:
-    # The capability predicates (is_sm90_supported, is_sm120_supported, ...) are lru_cache'd
-    # partials over these probes: they must be asked again, on entry and on exit.
-    for value in vars(common).values():
-        clear = getattr(value, "cache_clear", None)
-        if callable(clear):
-            clear()
+def _importing() -> bool:
+    """Whether a module's top-level code is running (an import), the __main__ script aside."""
+    frame = sys._getframe(2)
+    while frame is not None:
+        if frame.f_code.co_name == "<module>" and frame.f_globals.get("__name__") != "__main__":
+            return True
+        frame = frame.f_back
+    return False
+
+
+def _on_card(real, fake):
+    """`fake` when resolution asks, `real` when a module being imported asks: import-time
+    constants (`_is_cuda = is_cuda()`) choose kernels to import, which a plan never runs."""
+    def probe(*args, **kwargs):
+        return real(*args, **kwargs) if _importing() else fake(*args, **kwargs)
+    probe.__wrapped_probe__ = real
+    return probe
+
+
+def _uncached(cached):
+    """Upstream's own cached probe (the capability predicates, `is_sm120_supported` and the like,
+    are lru_cache'd over the probes above), evaluated afresh outside imports so it reads the fakes."""
+    return _on_card(cached, cached.__wrapped__)
 
 
 @contextlib.contextmanager
 def faked_card(c: Card) -> Iterator[Card]:
-    """Within the block, upstream sees `c` as the GPU (every device index)."""
+    """Within the block, upstream's resolution sees `c` as the GPU (every device index)."""
     import torch
     from sglang.srt.utils import common
 
@@ -109,25 +129,35 @@ def faked_card(c: Card) -> Iterator[Card]:
         saved.append((obj, name, getattr(obj, name)))
         setattr(obj, name, new)
 
-    fakes = {name: fn for name, fn in _upstream_probes(c).items() if hasattr(common, name)}
+    fakes = {name: _on_card(getattr(common, name), fn)
+             for name, fn in _upstream_probes(c).items() if hasattr(common, name)}
+    for name, value in vars(common).items():
+        if name not in fakes and callable(getattr(value, "cache_clear", None)) and hasattr(value, "__wrapped__"):
+            fakes[name] = _uncached(value)
     originals = {id(getattr(common, name)): name for name in fakes}
+
+    def rebind(to_fake: bool) -> None:
+        """Modules that imported a probe by name (`from sglang.srt.utils import is_cuda`) hold
+        their own reference: on entry point them at the fake; on exit put the original back,
+        also in modules imported inside the block (they bound the fake)."""
+        fake_ids = {id(fn): name for name, fn in fakes.items()}
+        for mod_name, mod in list(sys.modules.items()):
+            if mod is None or mod is common or not mod_name.startswith("sglang"):
+                continue
+            for attr, value in list(vars(mod).items()):
+                if to_fake and id(value) in originals:
+                    replace(mod, attr, fakes[originals[id(value)]])
+                elif not to_fake and id(value) in fake_ids:
+                    setattr(mod, attr, value.__wrapped_probe__)
+
     try:
         for name, fn in fakes.items():
             replace(common, name, fn)
-        # modules that imported a probe by name (`from sglang.srt.utils import is_cuda`) hold the
-        # original object: point them at the fake too
-        for mod_name, mod in list(sys.modules.items()):
-            if mod is common or not mod_name.startswith("sglang") or mod is None:
-                continue
-            for attr, value in list(vars(mod).items()):
-                name = originals.get(id(value))
-                if name is not None and value is not fakes[name]:
-                    replace(mod, attr, fakes[name])
+        rebind(to_fake=True)
         for name, fn in _torch_cuda_fakes(c).items():
-            replace(torch.cuda, name, fn)
-        _clear_probe_caches(common)
+            replace(torch.cuda, name, _on_card(getattr(torch.cuda, name), fn))
         yield c
     finally:
         for obj, name, original in reversed(saved):
             setattr(obj, name, original)
-        _clear_probe_caches(common)
+        rebind(to_fake=False)
