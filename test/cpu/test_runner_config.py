@@ -84,14 +84,32 @@ def test_finalize_every_size_and_explicit_ceiling():
     assert res.decode.full_max_bs == 64 and res.decode.full_sizes[-1] == 64
 
 
-def test_finalize_operator_max_bs_is_the_top_and_running_requests_cap_it():
-    sa = _args(locked={("decode", "max_bs")})
+def test_finalize_operator_max_bs_is_the_top_over_upstreams_default_ceiling():
+    # upstream's memory step, asked what it picks when the operator names no decode max batch
+    sa = _args(locked={("decode", "max_bs")}, upstream_default_decode_max_bs=lambda: 160)
     sa.cuda_graph_config.decode.max_bs = 512
     res = C.finalize(sa)
-    assert res.decode.max_bs == 512 and res.decode.full_max_bs == C.DEFAULT_FULL_CEILING
+    assert res.decode.max_bs == 512 and res.decode.full_max_bs == 160
+    assert "160" in res.ceiling_rule and "512" in res.ceiling_rule
+    sa = _args(locked={("decode", "max_bs")}, upstream_default_decode_max_bs=lambda: 160)
+    sa.cuda_graph_config.decode.max_bs = 64  # below the default: every size a full graph
+    res = C.finalize(sa)
+    assert res.decode.max_bs == res.decode.full_max_bs == 64
+
+
+def test_finalize_running_requests_cap_the_top_and_the_ceiling():
     sa = _args(max_running_requests=300)
     res = C.finalize(sa)
-    assert res.decode.max_bs == 300
+    assert res.decode.max_bs == 300 and res.decode.full_max_bs == 256
+    sa = _args(max_running_requests=100)
+    res = C.finalize(sa)
+    assert res.decode.max_bs == res.decode.full_max_bs == 100 and "--max-running-requests" in res.ceiling_rule
+
+
+def test_finalize_without_upstreams_default_is_an_error_not_a_guess():
+    sa = _args(locked={("decode", "max_bs")})
+    with pytest.raises(AttributeError, match="upstream_default_decode_max_bs"):
+        C.finalize(sa)
 
 
 def test_finalize_legacy_prefill_tokens_are_the_buckets(caplog):

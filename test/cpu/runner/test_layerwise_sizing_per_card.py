@@ -39,6 +39,17 @@ def _full(decode):
     return [s for s in decode["bs"] if s <= decode["layerwise_full_max_bs"]]
 
 
+def _upstream_captures(resolved):
+    """The decode batch sizes upstream captures: its resolved list, clamped at start-up to the
+    request pool, which --max-running-requests sizes (get_batch_sizes_to_capture: sizes above the
+    pool go, the pool size itself comes in). 0.5.23 already lowers the list to it while resolving;
+    0.5.16 leaves that to start-up."""
+    sizes, pool = list(resolved.decode["bs"]), resolved.max_running_requests
+    if pool is None:
+        return sizes
+    return sorted({s for s in sizes if s <= pool} | ({pool} if max(sizes) > pool else set()))
+
+
 @pytest.mark.parametrize("model", MODELS)
 @pytest.mark.parametrize("card,tp", CARDS_TP)
 def test_the_full_graph_ceiling_and_prefill_buckets_are_upstreams(resolved, model, card, tp):
@@ -63,8 +74,9 @@ def test_the_full_graph_ceiling_and_prefill_buckets_are_upstreams(resolved, mode
 def test_max_running_requests_lowers_the_ceiling_and_caps_the_top_as_upstream(resolved, model, card, tp):
     flags = ("--max-running-requests", str(RUNNING))
     upstream, ours = resolved(model, card, tp, flags), resolved(model, card, tp, ENABLE + flags)
-    assert ours.decode["layerwise_full_max_bs"] == upstream.decode["max_bs"]
-    assert _full(ours.decode) == list(upstream.decode["bs"])
+    captured = _upstream_captures(upstream)
+    assert ours.decode["layerwise_full_max_bs"] == max(captured)
+    assert _full(ours.decode) == captured
     # upstream never captures a batch its request pool cannot hold
     assert ours.decode["max_bs"] == upstream.max_running_requests == RUNNING
 
@@ -78,3 +90,26 @@ def test_an_explicit_decode_max_bs_is_the_top_over_upstreams_default_ceiling(res
     assert ours.decode["max_bs"] == upstream.decode["max_bs"]  # what upstream captures with the flag
     assert ours.decode["layerwise_full_max_bs"] == default.decode["max_bs"]  # upstream's card default
     assert _full(ours.decode) == list(default.decode["bs"])
+
+
+def test_the_layerwise_plan_runs_after_upstreams_last_resolution_step():
+    """Every value the plan reads (memory-derived sizes, backends) is final only after upstream's
+    whole resolution: the last run_hook step of 0.5.23's pipeline, the end of 0.5.16's
+    __post_init__."""
+    import inspect
+    import re
+
+    from sglang.sm120 import upstream_api
+
+    if upstream_api.has("resolution_step.last"):
+        from sglang.sm120.runner import resolution_hook
+        from sglang.srt.arg_groups import pipeline
+
+        steps = re.findall(r"run_hook\((\w+), server_args\)", inspect.getsource(pipeline.run_resolution_pipeline))
+        assert steps[-1] == resolution_hook.LAST_STEP
+        assert steps.index("handle_gpu_memory_settings") < len(steps) - 1
+    else:
+        from sglang.srt.server_args import ServerArgs
+
+        body = inspect.getsource(ServerArgs.__post_init__)
+        assert body.rindex("finalize_server_args(self)") > body.rindex("self._handle_")

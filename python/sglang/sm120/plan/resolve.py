@@ -113,8 +113,8 @@ def resolve(model_dir: str, card: Card, argv: List[str]) -> Resolved:
     """Upstream's resolution (the fork's hooks included) of `--model-path model_dir` + argv, as on
     `card`."""
     from sglang.sm120 import upstream_api
-    from sglang.srt.server_args import prepare_server_args
 
+    prepare_server_args = upstream_api.require("prepare_server_args")
     log = _Messages()
     fork_logger = logging.getLogger("sglang.sm120")
     level = fork_logger.level
