@@ -13,7 +13,7 @@ import functools
 import pytest
 
 from sglang.sm120.plan import cards, models
-from sglang.sm120.plan.resolve import resolve
+from sglang.sm120.plan.resolve import captured_decode_sizes, resolve
 from sglang.sm120.runner.sizes import LAYERWISE_DECODE_MAX_BS
 
 CARDS_TP = [("h200", 1), ("rtx-pro-6000", 1), ("rtx-pro-6000", 8), ("rtx-5090", 1), ("b200", 8)]
@@ -37,17 +37,6 @@ def resolved(model_dirs):
 
 def _full(decode):
     return [s for s in decode["bs"] if s <= decode["layerwise_full_max_bs"]]
-
-
-def _upstream_captures(resolved):
-    """The decode batch sizes upstream captures: its resolved list, clamped at start-up to the
-    request pool, which --max-running-requests sizes (get_batch_sizes_to_capture: sizes above the
-    pool go, the pool size itself comes in). 0.5.23 already lowers the list to it while resolving;
-    0.5.16 leaves that to start-up."""
-    sizes, pool = list(resolved.decode["bs"]), resolved.max_running_requests
-    if pool is None:
-        return sizes
-    return sorted({s for s in sizes if s <= pool} | ({pool} if max(sizes) > pool else set()))
 
 
 @pytest.mark.parametrize("model", MODELS)
@@ -74,7 +63,7 @@ def test_the_full_graph_ceiling_and_prefill_buckets_are_upstreams(resolved, mode
 def test_max_running_requests_lowers_the_ceiling_and_caps_the_top_as_upstream(resolved, model, card, tp):
     flags = ("--max-running-requests", str(RUNNING))
     upstream, ours = resolved(model, card, tp, flags), resolved(model, card, tp, ENABLE + flags)
-    captured = _upstream_captures(upstream)
+    captured = captured_decode_sizes(upstream)
     assert ours.decode["layerwise_full_max_bs"] == max(captured)
     assert _full(ours.decode) == captured
     # upstream never captures a batch its request pool cannot hold

@@ -143,3 +143,14 @@ def resolve(model_dir: str, card: Card, argv: List[str]) -> Resolved:
     finally:
         fork_logger.removeHandler(log)
         fork_logger.setLevel(level)
+
+
+def captured_decode_sizes(resolved: Resolved) -> List[int]:
+    """The decode batch sizes a server captures: the resolved list, clamped at start-up to the
+    request pool --max-running-requests sizes (upstream's get_batch_sizes_to_capture drops sizes
+    above the pool and adds the pool size). 0.5.23 lowers its list to it while resolving already;
+    0.5.16 leaves that to start-up."""
+    sizes, pool = list(resolved.decode["bs"] or []), resolved.max_running_requests
+    if pool is None or not sizes:
+        return sizes
+    return sorted({s for s in sizes if s <= pool} | ({pool} if max(sizes) > pool else set()))
