@@ -132,3 +132,24 @@ def test_the_graph_memory_fit_is_what_its_runs_give(tmp_path):
         (tmp_path / name).write_text(_results_text(name))
     assert graph_memory.runs_from_results([str(tmp_path / n) for n in sources]) == data["runs"]
     assert max(abs(e["error"]) for e in graph_memory.errors(data)) < 0.1
+
+
+def test_compare_reads_the_servers_plan_line_and_graph_memory():
+    """Against the H200 demo server's log (tiny qwen3_moe NVFP4, base 0.5.16): the log's own
+    numbers come back; a plan whose sizes differ is refused."""
+    from sglang.sm120.plan import compare
+
+    log = (REPO / "benchmarks/results/logs/2026-12-04-demo-qwen3_moe-nvfp4-h200.log").read_text(errors="replace")
+    seen = compare.logged(log)
+    assert seen["decode"] == {"full_max": 256, "full_count": 36, "layerwise": [288, 1024, 16]}
+    assert seen["prefill"] == {"count": 19, "range": [8, 8192], "slots": 64}
+    assert set(seen["memory_gb"]) == {"decode", "prefill"}
+    from sglang.sm120.runner.sizes import plan_decode, plan_prefill
+
+    dec, pre = plan_decode(ceiling=256, every_size=False), plan_prefill(max_tokens=8192, req_slots=64)
+    fork = {"decode_full_sizes": dec.full_sizes, "decode_layerwise_sizes": dec.layerwise_sizes,
+            "prefill_backend": "layerwise", "prefill_buckets": list(pre.buckets), "prefill_request_slots": 64,
+            "graph_memory_gb_estimate": {p: seen["memory_gb"][p] for p in ("decode", "prefill")}}
+    assert compare.compare({"fork": fork}, log)["ok"]
+    fork["decode_layerwise_sizes"] = fork["decode_layerwise_sizes"][:-1]
+    assert not compare.compare({"fork": fork}, log)["ok"]
