@@ -22,6 +22,11 @@ def disable_sm120(reason: str) -> None:
     _disabled_reason = reason
 
 
+def picks_sm120(capability) -> bool:
+    """`auto` picks the fork's kernels on this compute capability (when their library loads)."""
+    return tuple(capability)[0] == 12
+
+
 def auto_backend_choice() -> Optional[str]:
     try:
         import torch
@@ -29,7 +34,7 @@ def auto_backend_choice() -> Optional[str]:
         return None
     if _disabled_reason is not None:
         return None
-    if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 12:
+    if not torch.cuda.is_available() or not picks_sm120(torch.cuda.get_device_capability()):
         return None
     from sglang.sm120 import kernels
 
@@ -60,3 +65,20 @@ def initialize_upstream_config(backend: str) -> None:
         fp4_utils.initialize_fp4_gemm_config()
     finally:
         fp4_utils.get_exec = published
+
+
+def upstream_resolution(requested: str) -> str:
+    """The backend upstream's initialize_fp4_gemm_config makes of `requested` on this process's
+    GPU (or the card `plan.cards.faked_card` fakes), without the fork's `auto` choice; the process's
+    own backend is left as it was."""
+    global _disabled_reason
+    from sglang.srt.layers.quantization import fp4_utils
+
+    saved, before = _disabled_reason, fp4_utils.FP4_GEMM_RUNNER_BACKEND
+    _disabled_reason = "upstream's own resolution asked"
+    try:
+        initialize_upstream_config(requested)
+        return fp4_utils.get_fp4_gemm_runner_backend().value
+    finally:
+        _disabled_reason = saved
+        fp4_utils.FP4_GEMM_RUNNER_BACKEND = before

@@ -31,3 +31,19 @@ QWEN3_30B_A3B_CONFIG = {
     "decoder_sparse_step": 1, "mlp_only_layers": [], "tie_word_embeddings": False,
     "hidden_act": "silu", "attention_bias": False, "bos_token_id": 1, "eos_token_id": 2,
 }
+
+
+def glm5_config() -> dict:
+    """config.json of a model with GLM-5's real shapes (GlmMoeDsaForCausalLM: MLA + DSA indexer;
+    dimensions from REFERENCE.md, "Model shapes"), written by the tiny factory's config writer so
+    sglang reads it as it reads the tiny glm_moe_dsa models."""
+    from .tiny.spec import TinySpec, hf_config
+
+    spec = TinySpec(
+        arch="glm_moe_dsa", layers=78, hidden=6144, heads=64, dense_layers=3, dense_intermediate=12288,
+        experts=256, top_k=8, shared_experts=1, moe_intermediate=2048, vocab=154880, q_lora_rank=2048,
+        kv_lora_rank=512, qk_nope_head_dim=192, qk_rope_head_dim=64, v_head_dim=256, index_n_heads=32,
+        index_head_dim=128, index_topk=2048, routed_scaling_factor=2.5,
+        max_position=202752,  # GLM-5's 200K context
+    )
+    return hf_config(spec, {"bos": 0, "eos": 1, "pad": 2})

@@ -62,9 +62,17 @@ ANCHORS: Dict[str, Dict[str, Optional[str]]] = {
         "0.5.16": None,
         "0.5.23": "sglang.srt.arg_groups.resolution_hooks:register_resolution_hook",
     },
-    "resolution_step.handle_cuda_graph_config": {
+    "resolution_step.last": {
         "0.5.16": None,
-        "0.5.23": "sglang.srt.arg_groups.cuda_graph_hook:handle_cuda_graph_config",
+        "0.5.23": "sglang.srt.arg_groups.moe_hook:validate_deepep_v2_dispatch_token_budget",
+    },
+    "ServerArgs._handle_gpu_memory_settings": {
+        "0.5.16": "sglang.srt.server_args:ServerArgs._handle_gpu_memory_settings",
+        "0.5.23": None,
+    },
+    "resolution_step.handle_gpu_memory_settings": {
+        "0.5.16": None,
+        "0.5.23": "sglang.srt.arg_groups.memory_hook:handle_gpu_memory_settings",
     },
     "resolving_view": {
         "0.5.16": None,
@@ -92,6 +100,13 @@ ANCHORS: Dict[str, Dict[str, Optional[str]]] = {
         "0.5.16": "sglang.srt.server_args:FP4_GEMM_RUNNER_BACKEND_CHOICES",
         "0.5.23": "sglang.srt.arg_groups.choices:FP4_GEMM_RUNNER_BACKEND_CHOICES",
     },
+    # plan/resolve.py: upstream's own command-line resolution
+    "prepare_server_args": _both("sglang.srt.server_args:prepare_server_args"),
+    # server_flags.py: the legacy piecewise flags restored where a base dropped them
+    "argparse_actions.DeprecatedStoreConstAction": _both(
+        "sglang.srt.arg_groups.argparse_actions:DeprecatedStoreConstAction"),
+    "argparse_actions.DeprecatedAliasStoreAction": _both(
+        "sglang.srt.arg_groups.argparse_actions:DeprecatedAliasStoreAction"),
     "ServerArgs.get_model_config": {
         "0.5.16": "sglang.srt.server_args:ServerArgs.get_model_config",
         "0.5.23": None,
@@ -251,7 +266,9 @@ ABSENT: Dict[str, str] = {
     "ServerArgs.get_attention_backends": "0.5.23 moved it to arg_groups.model_override_base.attention_backends_of",
     "attention_backends_of": "0.5.16 has it as the method ServerArgs.get_attention_backends",
     "register_resolution_hook": "0.5.16 resolves ServerArgs in __post_init__ (patch 0102 calls the overlay there)",
-    "resolution_step.handle_cuda_graph_config": "0.5.16 resolves ServerArgs in __post_init__",
+    "resolution_step.last": "0.5.16 resolves ServerArgs in __post_init__ (patch 0102 calls the overlay at its end)",
+    "ServerArgs._handle_gpu_memory_settings": "0.5.23 moved it to arg_groups/memory_hook.py (handle_gpu_memory_settings)",
+    "resolution_step.handle_gpu_memory_settings": "0.5.16 has it as the method ServerArgs._handle_gpu_memory_settings",
     "resolving_view": "0.5.16 resolves ServerArgs in place",
     "declare_resolution": "0.5.16 resolves ServerArgs in place",
     "cuda_graph_hook.disable_breakable_cudagraph_if_incompatible":

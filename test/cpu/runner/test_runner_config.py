@@ -84,14 +84,32 @@ def test_finalize_every_size_and_explicit_ceiling():
     assert res.decode.full_max_bs == 64 and res.decode.full_sizes[-1] == 64
 
 
-def test_finalize_operator_max_bs_is_the_top_and_running_requests_cap_it():
-    sa = _args(locked={("decode", "max_bs")})
+def test_finalize_operator_max_bs_is_the_top_over_upstreams_default_ceiling():
+    # upstream's memory step, asked what it picks when the operator names no decode max batch
+    sa = _args(locked={("decode", "max_bs")}, upstream_default_decode_max_bs=lambda: 160)
     sa.cuda_graph_config.decode.max_bs = 512
     res = C.finalize(sa)
-    assert res.decode.max_bs == 512 and res.decode.full_max_bs == C.DEFAULT_FULL_CEILING
+    assert res.decode.max_bs == 512 and res.decode.full_max_bs == 160
+    assert "160" in res.ceiling_rule and "512" in res.ceiling_rule
+    sa = _args(locked={("decode", "max_bs")}, upstream_default_decode_max_bs=lambda: 160)
+    sa.cuda_graph_config.decode.max_bs = 64  # below the default: every size a full graph
+    res = C.finalize(sa)
+    assert res.decode.max_bs == res.decode.full_max_bs == 64
+
+
+def test_finalize_running_requests_cap_the_top_and_the_ceiling():
     sa = _args(max_running_requests=300)
     res = C.finalize(sa)
-    assert res.decode.max_bs == 300
+    assert res.decode.max_bs == 300 and res.decode.full_max_bs == 256
+    sa = _args(max_running_requests=100)
+    res = C.finalize(sa)
+    assert res.decode.max_bs == res.decode.full_max_bs == 100 and "--max-running-requests" in res.ceiling_rule
+
+
+def test_finalize_without_upstreams_default_is_an_error_not_a_guess():
+    sa = _args(locked={("decode", "max_bs")})
+    with pytest.raises(AttributeError, match="upstream_default_decode_max_bs"):
+        C.finalize(sa)
 
 
 def test_finalize_legacy_prefill_tokens_are_the_buckets(caplog):
@@ -262,7 +280,7 @@ _SCENARIOS = textwrap.dedent(
     out = {}
     for name, argv in scenarios.items():
         cgc.default_prefill_backend = (lambda: "breakable") if name.startswith("mla") else host_default
-        # Upstream's legacy flags exist on some bases only (0.5.16 has them, 0.5.23 not).
+        # A flag the base lacks is reported (the legacy piecewise flags must exist on every base).
         missing = [a for a in argv if a.startswith("--") and a not in known]
         if missing:
             out[name] = {"missing_flags": missing}
@@ -345,12 +363,12 @@ def test_server_args_every_size_and_json_ceiling(scenarios):
 
 
 def test_server_args_legacy_piecewise_flags(scenarios):
-    if "missing_flags" in scenarios["legacy"]:
-        assert all("missing_flags" in scenarios[n] for n in ("maxtok", "disable"))
-        pytest.skip(f"this upstream base has no legacy piecewise flags ({scenarios['legacy']['missing_flags']})")
+    # every base accepts them (0.5.23 through patch 0002, which restores what it dropped)
+    assert not [scenarios[n]["missing_flags"] for n in ("legacy", "maxtok", "disable") if "missing_flags" in scenarios[n]]
     legacy = scenarios["legacy"]
     assert legacy["prefill"]["bs"] == [128, 1024, 4096]
-    assert any("ignored by the layerwise backend" in m for m in legacy["log"])
+    # 0.5.16: the layerwise backend ignores it; 0.5.23 (no torch.compile backend) ignores it at parse
+    assert any("compiler" in m and "ignored" in m for m in legacy["log"]), legacy["log"]
     assert scenarios["maxtok"]["prefill"]["bs"][-1] == 2048
     disable = scenarios["disable"]
     assert disable["decode"]["backend"] == "layerwise" and disable["prefill"]["backend"] == "disabled"

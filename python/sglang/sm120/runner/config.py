@@ -1,7 +1,9 @@
 """Server-args side of the `layerwise` backend.
 
-`finalize(server_args)` runs at the end of ServerArgs.__post_init__ (patch 0102), after upstream
-resolved cuda_graph_config (flags, JSON, legacy aliases, memory defaults). It
+`finalize(server_args)` runs once upstream has resolved everything else (flags, JSON, legacy
+aliases, the memory-derived sizes and backends): at the end of ServerArgs.__post_init__ on 0.5.16
+(patch 0102, through hooks.finalize_server_args), after the last step of the resolution pipeline
+on 0.5.23 (resolution_hook). It
   - falls back to upstream's backend for a phase whose configuration layerwise does not support
     (with one warning naming the feature), so a server never fails to start over it;
   - plans the captured sizes (sizes.py) and writes them into cuda_graph_config;
@@ -34,9 +36,6 @@ logger = logging.getLogger(__name__)
 
 LAYERWISE = "layerwise"
 DECODE, PREFILL = "decode", "prefill"
-# Decode full-graph ceiling when the operator set the decode max batch size explicitly (upstream's
-# memory-derived default is then unknown): upstream's default on 80-160 GB single-node cards.
-DEFAULT_FULL_CEILING = 256
 DYNAMO_FREE_ENV = "SGLANG_SM120_DYNAMO_FREE"
 FLASHINFER_WORKSPACE_ENV = "SGLANG_FLASHINFER_WORKSPACE_SIZE"
 FLASHINFER_DEFAULT_WORKSPACE = 384 * 1024 * 1024
@@ -47,6 +46,49 @@ class Resolution:
     decode: Optional[DecodePlan]
     prefill: Optional[PrefillPlan]
     fallbacks: dict  # phase -> reason
+    ceiling_rule: Optional[str] = None  # what set the decode full-graph ceiling
+
+
+def _decode_sizes(sa, dec, locked, max_running):
+    """(full-graph ceiling, largest captured batch, the rule that set the ceiling) of layerwise
+    decode, from what upstream resolved for this card and these flags.
+
+    The ceiling is the largest batch upstream itself would capture as a full graph: its decode max
+    batch size, which it derives from the card's memory and TP and lowers to
+    --max-running-requests (handle_gpu_memory_settings). An operator's --cuda-graph-max-bs-decode
+    (or batch-size list) is the largest captured batch instead, as upstream takes it; the ceiling
+    is then upstream's own default for the card (what it picks when none is given), below that
+    top. Above the ceiling, layerwise sizes reach LAYERWISE_DECODE_MAX_BS. Like upstream, which
+    never captures more batches than the request pool holds, --max-running-requests caps the top.
+    """
+    operator_top = ((DECODE, "max_bs") in locked and dec.max_bs) or ((DECODE, "bs") in locked and dec.bs)
+    if operator_top:
+        top = int(dec.max_bs or max(dec.bs))
+        default = int(_call_upstream(sa, "upstream_default_decode_max_bs"))
+        ceiling, rule = min(top, default), (
+            f"upstream's default decode max batch for this card and flags ({default}), below the "
+            f"operator's --cuda-graph-max-bs-decode / --cuda-graph-bs-decode ({top})")
+    else:
+        top = LAYERWISE_DECODE_MAX_BS
+        ceiling = int(dec.max_bs)
+        rule = f"upstream's decode max batch for this card and flags ({ceiling})"
+    explicit_ceiling = getattr(dec, "layerwise_full_max_bs", None)
+    if explicit_ceiling:
+        ceiling, rule = int(explicit_ceiling), f"cuda_graph_config decode layerwise_full_max_bs ({explicit_ceiling})"
+    if max_running:
+        top = min(top, int(max_running))
+        if ceiling > top:
+            ceiling, rule = top, f"--max-running-requests ({top})"
+    return max(1, ceiling), top, rule
+
+
+def _call_upstream(sa, name):
+    """A value only upstream's own resolution can give (resolution_hook.ResolvingArgs on 0.5.23,
+    hooks.InPlaceArgs on 0.5.16). Errors propagate: a made-up default would size graphs wrongly."""
+    fn = getattr(sa, name, None)
+    if fn is None:
+        raise AttributeError(f"{type(sa).__name__} has no {name}(), which the layerwise sizing needs")
+    return fn()
 
 
 def select_layerwise_for_unset_phases(namespace) -> List[str]:
@@ -279,21 +321,13 @@ def finalize(sa) -> Optional[Resolution]:
     decode_plan = prefill_plan = None
 
     dec = cfg.decode
+    ceiling_rule = None
     if dec.backend == LAYERWISE:
         every = bool(_get(sa, "cuda_graph_layerwise_every_size", False))
         explicit_ceiling = getattr(dec, "layerwise_full_max_bs", None)
         if explicit_ceiling is not None and explicit_ceiling <= 0:
             every = True
-        if (DECODE, "max_bs") in locked and dec.max_bs:
-            top = int(dec.max_bs)
-            ceiling = min(top, DEFAULT_FULL_CEILING)
-        else:
-            top = LAYERWISE_DECODE_MAX_BS
-            ceiling = int(dec.max_bs or DEFAULT_FULL_CEILING)
-        if explicit_ceiling:
-            ceiling = int(explicit_ceiling)
-        if max_running:
-            top = min(top, int(max_running))
+        ceiling, top, ceiling_rule = _decode_sizes(sa, dec, locked, max_running)
         explicit = list(dec.bs) if (DECODE, "bs") in locked and dec.bs else None
         decode_plan = plan_decode(
             ceiling=max(1, min(ceiling, top)), every_size=every, max_bs=top, explicit_sizes=explicit
@@ -338,7 +372,9 @@ def finalize(sa) -> Optional[Resolution]:
             _describe_decode(decode_plan),
             _describe_prefill(prefill_plan),
         )
-    return Resolution(decode_plan, prefill_plan, fallbacks)
+        if decode_plan:
+            logger.info("layerwise decode full-graph ceiling: %s", ceiling_rule)
+    return Resolution(decode_plan, prefill_plan, fallbacks, ceiling_rule)
 
 
 def _describe_decode(plan: Optional[DecodePlan]) -> str:

@@ -1,7 +1,8 @@
 """Entry points the patch series calls. Each is one line at its call site upstream.
 
 patch 0102 (server_args):     finalize_server_args(server_args) from ServerArgs.__post_init__ on
-                              0.5.16; on 0.5.23 runner.resolution_hook (upstream's resolution hook)
+                              0.5.16; on 0.5.23 runner.resolution_hook (after the last step of
+                              upstream's resolution pipeline)
 patch 0103 (runner backends): decode_backend(runner) / prefill_backend(runner)
 patch 0104 (graph setup):     decode_runner_class(model_runner, default) /
                               prefill_runner_class(model_runner, default) /
@@ -21,8 +22,35 @@ if upstream_api.upstream_present():
     upstream_api.check_installed()
 
 
+class InPlaceArgs:
+    """A base-0.5.16 ServerArgs at the end of its __post_init__, as `config.finalize` reads it:
+    every attribute is the record's (finalize edits its cuda_graph_config in place), plus what only
+    upstream's resolution can say."""
+
+    def __init__(self, server_args):
+        object.__setattr__(self, "_record", server_args)
+
+    def __getattr__(self, name):
+        return getattr(self._record, name)
+
+    def upstream_default_decode_max_bs(self) -> int:
+        """The decode max batch size upstream's memory step picks for this card and these flags
+        when the operator names none: that step run again on a copy, its decode sizes cleared."""
+        import copy
+
+        from sglang.sm120 import upstream_api
+        from sglang.srt import server_args as upstream
+
+        scratch = copy.copy(self._record)
+        scratch.cuda_graph_config = copy.deepcopy(self._record.cuda_graph_config)
+        scratch.cuda_graph_config.decode.max_bs = scratch.cuda_graph_config.decode.bs = None
+        gpu_mem = upstream.get_device_memory_capacity(scratch.device)
+        upstream_api.require("ServerArgs._handle_gpu_memory_settings")(scratch, gpu_mem)
+        return scratch.cuda_graph_config.decode.max_bs
+
+
 def finalize_server_args(server_args) -> None:
-    finalize(server_args)
+    finalize(InPlaceArgs(server_args))
 
 
 def decode_backend(cuda_graph_runner):

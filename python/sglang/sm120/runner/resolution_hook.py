@@ -2,11 +2,13 @@
 
 There a resolution step reads the values decided so far through `resolving_view(server_args)`
 and writes by declaring them (`declare_resolution`); the record itself is never edited. The
-series imports this module from arg_groups/cuda_graph_hook.py, and importing it wraps that
-module's `handle_cuda_graph_config` step with upstream's `register_resolution_hook`: after
-upstream's own step, `config.finalize` plans the layerwise sizes on a copy of the resolved
-CUDA-graph config, which is then declared. On 0.5.16 the series calls `hooks.finalize_server_args`
-from ServerArgs.__post_init__ instead, and this module is never imported.
+series imports this module from arg_groups/cuda_graph_hook.py, and importing it wraps the last
+step of upstream's pipeline (LAST_STEP) with upstream's `register_resolution_hook`: after it,
+every value upstream resolves is final (the memory-derived decode max batch size and chunked
+prefill size, which handle_gpu_memory_settings sets long after handle_cuda_graph_config; the
+attention and MoE backends), and `config.finalize` plans the layerwise sizes on a copy of the
+resolved CUDA-graph config, which is then declared. That is where 0.5.16 runs it too: at the end
+of ServerArgs.__post_init__ (hooks.finalize_server_args); there this module is never imported.
 """
 from __future__ import annotations
 
@@ -55,8 +57,25 @@ class ResolvingArgs:
     def _disable_full_prefill_cudagraph_if_incompatible(self):
         self._apply_rule("cuda_graph_hook.disable_full_prefill_cudagraph_if_incompatible")
 
+    def upstream_default_decode_max_bs(self) -> int:
+        """The decode max batch size upstream's memory step picks for this card and these flags
+        when the operator names none: that step run again on a copy of the record (its own list of
+        declarations), the decode sizes cleared."""
+        view, declare = upstream_api.require("resolving_view"), upstream_api.require("declare_resolution")
+        scratch = copy.copy(self._record)
+        scratch._resolved_overrides = list(self._record._resolved_overrides)
+        cfg = copy.deepcopy(view(self._record).cuda_graph_config)
+        cfg.decode.max_bs = cfg.decode.bs = None
+        declare(scratch, SOURCE, cuda_graph_config=cfg)
+        upstream_api.require("resolution_step.handle_gpu_memory_settings")(scratch)
+        return view(scratch).cuda_graph_config.decode.max_bs
 
-def after_cuda_graph_config(server_args, previous) -> None:
+
+# The last run_hook step of upstream's run_resolution_pipeline (a CPU test checks it stays last).
+LAST_STEP = upstream_api.require("resolution_step.last").__name__
+
+
+def after_resolution(server_args, previous) -> None:
     previous(server_args)
     resolved = upstream_api.require("resolving_view")(server_args).cuda_graph_config
     if resolved is None:
@@ -66,4 +85,4 @@ def after_cuda_graph_config(server_args, previous) -> None:
     upstream_api.require("declare_resolution")(server_args, SOURCE, cuda_graph_config=planned)
 
 
-upstream_api.require("register_resolution_hook")("handle_cuda_graph_config")(after_cuda_graph_config)
+upstream_api.require("register_resolution_hook")(LAST_STEP)(after_resolution)

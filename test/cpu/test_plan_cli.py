@@ -1,0 +1,155 @@
+"""`python -m sglang.sm120 plan`: upstream alone and the fork side by side for a card, on CPU.
+
+Golden structure, not typed numbers where upstream decides: every size in the plan is checked
+against upstream's own resolution of the same command line (plan.resolve), run here too.
+"""
+import contextlib
+import io
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from sglang.sm120.plan import cards, cli, graph_memory, models
+from sglang.sm120.plan.resolve import captured_decode_sizes, resolve, upstream_argv
+
+REPO = Path(__file__).resolve().parents[2]
+COLUMN_KEYS = {
+    "decode_backend", "full_graph_ceiling", "ceiling_rule", "decode_full_sizes", "decode_layerwise_sizes",
+    "largest_decode_batch", "prefill_backend", "prefill_buckets", "prefill_request_slots", "attention",
+    "fp4_gemm_backend", "moe_runner_backend", "chunked_prefill_size", "max_running_requests",
+    "mem_fraction_static", "graph_memory_gb_estimate", "fallbacks",
+}
+
+
+def _plan(*argv):
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        rc = cli.main(list(argv))
+    return rc, out.getvalue()
+
+
+@pytest.fixture(scope="module")
+def qwen_tp8():
+    flags = ["--tp-size", "8", "--enable-piecewise-cuda-graph", "--max-running-requests", "2048"]
+    rc, out = _plan("--model-path", "qwen3-30b-a3b", "--gpu", "rtx-pro-6000", "--json", *flags)
+    assert rc == 0, out
+    return json.loads(out), flags
+
+
+def test_the_plan_is_upstreams_resolution_side_by_side(qwen_tp8, tmp_path):
+    plan, flags = qwen_tp8
+    assert set(plan["upstream"]) == set(plan["fork"]) == COLUMN_KEYS
+    assert plan["card"]["key"] == "rtx-pro-6000" and plan["upstream_alone_leaves_out"] == ["--enable-piecewise-cuda-graph"]
+    folder = models.write_config(models.KNOWN["qwen3-30b-a3b"](), str(tmp_path))
+    card = cards.card("rtx-pro-6000")
+    upstream = resolve(folder, card, upstream_argv(flags)[0])
+    ours = resolve(folder, card, flags)
+    up, fork = plan["upstream"], plan["fork"]
+    assert up["decode_backend"] == "full" and up["decode_full_sizes"] == captured_decode_sizes(upstream)
+    assert up["full_graph_ceiling"] == max(captured_decode_sizes(upstream))
+    assert fork["decode_backend"] == "layerwise"
+    assert fork["full_graph_ceiling"] == ours.decode["layerwise_full_max_bs"] == up["full_graph_ceiling"]
+    assert fork["decode_full_sizes"] + fork["decode_layerwise_sizes"] == list(ours.decode["bs"])
+    assert fork["prefill_buckets"] == list(ours.prefill["bs"]) and fork["prefill_backend"] == "layerwise"
+    assert up["prefill_buckets"] == list(upstream.prefill["bs"])
+    assert "card and flags" in fork["ceiling_rule"] and "TP 8" in up["ceiling_rule"]
+    for col in (up, fork):
+        assert all(v > 0 for v in col["graph_memory_gb_estimate"].values())
+    assert plan["graph_memory_model"]["label"] == "estimate"
+
+
+def test_it_warns_when_the_largest_captured_batch_is_below_max_running_requests(qwen_tp8):
+    plan, _ = qwen_tp8
+    assert plan["fork"]["largest_decode_batch"] < 2048
+    assert any(w.startswith("fork: the largest captured decode batch") for w in plan["warnings"])
+    assert any(w.startswith("upstream: the largest captured decode batch") for w in plan["warnings"])
+
+
+def test_the_seed_launch_line_plans_for_glm5_on_8_rtx_pro_6000():
+    rc, out = _plan("--model-path", "glm-5", "--gpu", "rtx-pro-6000", "--tp-size", "8", "--quantization",
+                    "modelopt_fp4", "--enable-piecewise-cuda-graph", "--piecewise-cuda-graph-compiler", "eager",
+                    "--max-running-requests", "1024")
+    assert rc == 0, out
+    for text in ("upstream alone", "sglang-sm120", "full-graph ceiling", "ESTIMATE", "FP4 GEMM backend",
+                 "ceiling rule (fork)", "MLA attention (prefill)"):
+        assert text in out, text
+    assert "sm120 (fork kernels" in out  # SM120 card, --fp4-gemm-backend auto
+
+
+def test_upstream_alone_takes_the_same_line_less_the_forks_flags():
+    from sglang.sm120.server_flags import restored_legacy_flags
+
+    argv = ["--tp-size", "8", "--enable-piecewise-cuda-graph", "--cuda-graph-backend-decode", "layerwise",
+            "--fp4-gemm-backend=sm120", "--cuda-graph-config",
+            '{"decode": {"backend": "layerwise", "layerwise_full_max_bs": 64, "max_bs": 512}}',
+            "--piecewise-cuda-graph-compiler", "eager"]
+    kept, dropped = upstream_argv(argv)
+    assert kept[:2] == ["--tp-size", "8"] and json.loads(kept[kept.index("--cuda-graph-config") + 1]) == {
+        "decode": {"max_bs": 512}}
+    assert "--enable-piecewise-cuda-graph" in dropped and "--fp4-gemm-backend=sm120" in dropped
+    # the compiler flag is upstream's own on 0.5.16, restored by the fork where the base dropped it
+    assert ("--piecewise-cuda-graph-compiler eager" in dropped) == ("--piecewise-cuda-graph-compiler" in
+                                                                     restored_legacy_flags())
+
+
+def test_a_name_that_is_neither_a_folder_nor_a_built_in_model_is_refused():
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        rc, _ = _plan("--model-path", "no-such-model", "--gpu", "h200")
+    assert rc == 2 and "built-in models" in err.getvalue()
+
+
+def test_faking_a_card_leaves_upstream_as_it_was():
+    from sglang.srt.utils import common
+
+    before = {k: v for k, v in vars(common).items() if callable(v)}
+    with cards.faked_card(cards.card("rtx-5090")):
+        assert common.get_device_memory_capacity() == cards.card("rtx-5090").memory_mib
+        assert common.is_sm120_supported()
+        import sglang.srt.arg_groups.argparse_actions  # noqa: F401  (an import inside the block)
+    assert {k: v for k, v in vars(common).items() if callable(v)} == before
+
+
+def _results_text(name):
+    path = REPO / "benchmarks" / "results" / name
+    if path.exists():
+        return path.read_text()
+    # the records clean-up may move the file; the archive tag keeps it
+    return subprocess.run(["git", "-C", str(REPO), "show", f"records-archive:benchmarks/results/{name}"],
+                          capture_output=True, text=True, check=True).stdout
+
+
+def test_the_graph_memory_fit_is_what_its_runs_give(tmp_path):
+    data = graph_memory.load()
+    assert data["label"] == "estimate"
+    refit = graph_memory.fit(data["runs"])
+    assert {(p, k, c): v for p, ks in data["coefficients"].items() for k, cs in ks.items() for c, v in cs.items()} \
+        == pytest.approx({(p, k, c): v for p, ks in refit.items() for k, cs in ks.items() for c, v in cs.items()})
+    sources = sorted({r["source"].split(":")[0] for r in data["runs"]})
+    for name in sources:
+        (tmp_path / name).write_text(_results_text(name))
+    assert graph_memory.runs_from_results([str(tmp_path / n) for n in sources]) == data["runs"]
+    assert max(abs(e["error"]) for e in graph_memory.errors(data)) < 0.1
+
+
+def test_compare_reads_the_servers_plan_line_and_graph_memory():
+    """Against the H200 demo server's log (tiny qwen3_moe NVFP4, base 0.5.16): the log's own
+    numbers come back; a plan whose sizes differ is refused."""
+    from sglang.sm120.plan import compare
+
+    log = (REPO / "benchmarks/results/logs/2026-12-04-demo-qwen3_moe-nvfp4-h200.log").read_text(errors="replace")
+    seen = compare.logged(log)
+    assert seen["decode"] == {"full_max": 256, "full_count": 36, "layerwise": [288, 1024, 16]}
+    assert seen["prefill"] == {"count": 19, "range": [8, 8192], "slots": 64}
+    assert set(seen["memory_gb"]) == {"decode", "prefill"}
+    from sglang.sm120.runner.sizes import plan_decode, plan_prefill
+
+    dec, pre = plan_decode(ceiling=256, every_size=False), plan_prefill(max_tokens=8192, req_slots=64)
+    fork = {"decode_full_sizes": dec.full_sizes, "decode_layerwise_sizes": dec.layerwise_sizes,
+            "prefill_backend": "layerwise", "prefill_buckets": list(pre.buckets), "prefill_request_slots": 64,
+            "graph_memory_gb_estimate": {p: seen["memory_gb"][p] for p in ("decode", "prefill")}}
+    assert compare.compare({"fork": fork}, log)["ok"]
+    fork["decode_layerwise_sizes"] = fork["decode_layerwise_sizes"][:-1]
+    assert not compare.compare({"fork": fork}, log)["ok"]
