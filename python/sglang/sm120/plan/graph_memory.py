@@ -15,6 +15,7 @@ hidden size, relative to the fit model.
 """
 from __future__ import annotations
 
+import gzip
 import json
 import sys
 from pathlib import Path
@@ -35,8 +36,9 @@ def runs_from_results(paths: Iterable[str]) -> List[dict]:
     """(phase, sizes per kind, measured GB) of each configuration's capture in runner benchmark
     results (benchmarks/bench_runner.py): the graph memory a server paid per phase."""
     runs = []
-    for path in paths:
-        data = json.loads(Path(path).read_text())
+    for path in map(str, paths):
+        raw = Path(path).read_bytes()
+        data = json.loads(gzip.decompress(raw) if path.endswith(".gz") else raw)
         for name, run in data["runs"].items():
             for phase in ("decode", "prefill"):
                 measured = run["capture_totals"][phase]["graph_mem_gb"]
