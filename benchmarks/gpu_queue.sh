@@ -63,6 +63,10 @@
 #                capped (SGLANG_SM120_GPU_MAX_TOKENS) so it can share the GPU with that step, but
 #                the launch line's literal --mem-fraction-static 0.7 cannot: beside the grid, pass
 #                GPU_SUITE_K="not launch_line" and run the glm5-launch-line step after it      2400
+#   plan-check   benchmarks/plan_check.py: `sglang.sm120 plan --gpu auto` against what a server
+#                with the same flags logs (sizes exact, graph memory within 25%), per model in
+#                $PLAN_CHECK_MODELS (default: three tiny bf16 models and the Qwen3-30B-A3B shapes)
+#                -> RESULTS/plan-check.json                                                        900
 #   same-tokens-probe  lab/same_tokens_probe.py on $SAME_TOKENS_MODEL (default glm4_moe-bf16): one
 #                server per variant side by side, which source changes layerwise's greedy tokens
 #                against graphs disabled -> RESULTS/same-tokens-probe/ (a probe)                    480
@@ -100,7 +104,7 @@ cd "$(dirname "$0")/.."
 RES=$(mkdir -p "$1" && cd "$1" && pwd); shift
 STEPS=("$@")
 [ ${#STEPS[@]} -gt 0 ] || STEPS=(correctness-full correctness-alone prefill-fa2 runner zero-copy traps kernels fp4 lean-moe prefill-profile correctness graph-memory fp4-ncu moe-profile eager-warmup)
-KNOWN="same-tokens-probe same-tokens repeat-probe glm5-launch-line sm120-check fp4-selfcheck gpu-suite lean-moe kernels fp4 fp4-ab w4a16-timeline fp4-ncu graph-memory runner prefill-profile prefill-fa2 zero-copy moe-profile traps correctness correctness-full correctness-alone eager-warmup client-ceiling serving soak serving-diag serving-soak serving-tw4"
+KNOWN="plan-check same-tokens-probe same-tokens repeat-probe glm5-launch-line sm120-check fp4-selfcheck gpu-suite lean-moe kernels fp4 fp4-ab w4a16-timeline fp4-ncu graph-memory runner prefill-profile prefill-fa2 zero-copy moe-profile traps correctness correctness-full correctness-alone eager-warmup client-ceiling serving soak serving-diag serving-soak serving-tw4"
 for s in "${STEPS[@]}"; do  # all checked before the first one starts
   case " $KNOWN " in *" $s "*) ;; *) echo "gpu_queue.sh: unknown step $s ($KNOWN)"; exit 2 ;; esac
 done
@@ -148,6 +152,9 @@ for s in "${STEPS[@]}"; do
           --log-file "$RES/fp4-ncu.txt" \
           "$PY" lab/fp4_lab.py profile --cases-out "$RES/fp4-ncu-cases.json"
       fi ;;
+    plan-check)
+      step plan-check 900 "$PY" benchmarks/plan_check.py --out "$RES/plan-check" ${PLAN_CHECK_MODELS:+--models $PLAN_CHECK_MODELS}
+      cp "$RES/plan-check/plan-check.json" "$RES/" 2>/dev/null ;;
     same-tokens-probe)
       step same-tokens-probe 480 "$PY" lab/same_tokens_probe.py --out "$RES/same-tokens-probe" \
         --model "${SAME_TOKENS_MODEL:-glm4_moe-bf16}" ${SAME_TOKENS_VARIANTS:+--variants "$SAME_TOKENS_VARIANTS"} ;;
