@@ -186,6 +186,17 @@ def run_one_batch(model_dir: Path, name: str, extra: List[str], workdir: Path, t
         raise SystemExit(f"{name}: one_batch failed (rc={proc.returncode}); log: {workdir / (name + '.log')}\n{log[-3000:]}")
     rows = [json.loads(line) for line in jsonl.read_text().splitlines() if line.strip()]
     decode, prefill, samples = summarize_rows(rows)
+    capture, host, totals = parse_capture_log(log)
+    return {
+        "command": " ".join(cmd), "wall_s": round(wall, 1), "device": device_name(),
+        "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"), "decode_s": decode,
+        "prefill_s": prefill, "samples": samples, "capture": capture, "capture_totals": totals, "host_step": host,
+    }
+
+
+def parse_capture_log(log: str):
+    """(capture, host_step, capture_totals) from a one_batch log: upstream's capture-end lines and
+    the layerwise runner's capture and host-time reports."""
     capture = {"upstream_log": {}, "layerwise": {}}
     for phase, elapsed, mem in CAPTURE_RE.findall(log):
         capture["upstream_log"][phase] = {"elapsed_s": float(elapsed), "mem_gb": float(mem)}
@@ -206,22 +217,18 @@ def run_one_batch(model_dir: Path, name: str, extra: List[str], workdir: Path, t
             "capture_s": round(up.get("elapsed_s", 0.0) + lw.get("elapsed_s", 0.0), 3),
             "graph_mem_gb": round(up.get("mem_gb", 0.0) + lw.get("mem_bytes", 0) / 2**30, 4),
         }
-    return {
-        "command": " ".join(cmd), "wall_s": round(wall, 1), "device": device_name(),
-        "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"), "decode_s": decode,
-        "prefill_s": prefill, "samples": samples, "capture": capture, "capture_totals": totals, "host_step": host,
-    }
+    return capture, host, totals
 
 
-def summarize_rows(rows: List[dict]):
+def summarize_rows(rows: List[dict], decode_bs: List[int] = DECODE_BS, prefill_bs: Dict[int, int] = PREFILL_BS):
     """one_batch's result rows -> (decode step s per bs, prefill s per token count, samples): the
     median over the passes; the samples keep every measurement."""
     def med(values):
         values = [v for v in values if v is not None]
         return statistics.median(values) if values else None
 
-    dec = {bs: [r.get("median_decode_latency") for r in rows if r["batch_size"] == bs] for bs in DECODE_BS}
-    pre = {tokens: [r.get("prefill_latency") for r in rows if r["batch_size"] == bs] for tokens, bs in PREFILL_BS.items()}
+    dec = {bs: [r.get("median_decode_latency") for r in rows if r["batch_size"] == bs] for bs in decode_bs}
+    pre = {tokens: [r.get("prefill_latency") for r in rows if r["batch_size"] == bs] for tokens, bs in prefill_bs.items()}
     decode = {str(bs): med(v) for bs, v in dec.items() if v}
     prefill = {str(tokens): med(v) for tokens, v in pre.items()}
     samples = {"decode_s": {str(bs): v for bs, v in dec.items() if v},
