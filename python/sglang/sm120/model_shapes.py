@@ -35,7 +35,7 @@ QWEN3_30B_A3B_CONFIG = {
 
 def glm5_config() -> dict:
     """config.json of a model with GLM-5's real shapes (GlmMoeDsaForCausalLM: MLA + DSA indexer;
-    dimensions from REFERENCE.md, "Model shapes"), written by the tiny factory's config writer so
+    GLM-5's published dimensions), written by the tiny factory's config writer so
     sglang reads it as it reads the tiny glm_moe_dsa models."""
     from .tiny.spec import TinySpec, hf_config
 

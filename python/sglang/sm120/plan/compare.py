@@ -2,7 +2,7 @@
 that GPU logged: the fork's layerwise plan line (sizes) and each phase's graph memory (upstream's
 "Capture ... CUDA graph end ... mem usage" line plus the layerwise capture report line).
 
-    python -m sglang.sm120.plan.compare PLAN.json SERVER.log   # JSON verdict; exit 1 on a mismatch
+    python -m sglang.sm120.plan.compare <plan.json> <server.log>   # JSON verdict; exit 1 on a mismatch
 
 Sizes must agree exactly; the graph-memory estimate passes within MEMORY_TOLERANCE of the measured.
 """

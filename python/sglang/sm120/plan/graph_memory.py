@@ -11,7 +11,7 @@ report) in the runs listed in graph_memory_fit.json: Qwen3-30B-A3B shapes, bf16,
 Prefill has one measured bucket set per backend, so there a_k is the decode value of the same
 kind and only b_k is fitted. Other models are extrapolated: a by their layer count, b by their
 hidden size, relative to the fit model.
-`python -m sglang.sm120.plan.graph_memory --refit RESULTS.json...` rewrites the data file.
+`python -m sglang.sm120.plan.graph_memory --refit <runner-results.json>...` rewrites the data file.
 """
 from __future__ import annotations
 
@@ -135,7 +135,7 @@ def errors(fitted: Optional[dict] = None) -> List[dict]:
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if not argv or argv[0] != "--refit" or len(argv) < 2:
-        print("usage: python -m sglang.sm120.plan.graph_memory --refit RESULTS.json...", file=sys.stderr)
+        print("usage: python -m sglang.sm120.plan.graph_memory --refit <runner-results.json>...", file=sys.stderr)
         return 2
     runs = runs_from_results(argv[1:])
     data = {
