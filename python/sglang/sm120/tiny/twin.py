@@ -22,7 +22,7 @@ Variants (what ModelOpt's `exclude_modules` keeps BF16):
 
 `weight_bytes` counts the per-GPU weight bytes from these shapes and dtypes (NVFP4: 0.5 B per
 weight + one e4m3 scale per 16 + fp32 weight_scale_2 and input_scale per linear); the CLI
-prints it beside the field's 57.06 GB per GPU (REFERENCE.md).
+prints it beside the field's 57.06 GB per GPU (a public deployment report).
 """
 from __future__ import annotations
 
@@ -35,13 +35,13 @@ from dataclasses import dataclass
 from typing import Dict, Iterator, List, Tuple
 
 TP = 8  # the deployment the twin is one rank of
-FIELD_WEIGHT_GB = 57.06  # per GPU, GLM-5-NVFP4 at TP 8 on RTX PRO 6000 (REFERENCE.md; sglang's "GB" = GiB)
-FIELD_KV_TOKENS = 314_000  # bf16 KV per GPU at --mem-fraction-static 0.92 (REFERENCE.md)
+FIELD_WEIGHT_GB = 57.06  # per GPU, GLM-5-NVFP4 at TP 8 on RTX PRO 6000 (public deployment report; sglang's "GB" = GiB)
+FIELD_KV_TOKENS = 314_000  # bf16 KV per GPU at --mem-fraction-static 0.92 (the same report)
 FIELD_MEM_FRACTION = 0.92
 VARIANTS = ("experts-fp4", "all-fp4")
 TOKENIZER_VOCAB = 1000  # one_batch feeds token ids; the tokenizer only has to load
 
-# GLM-5 (REFERENCE.md "Model shapes"), whole model
+# GLM-5's published shapes, whole model
 GLM5 = dict(hidden=6144, layers=78, dense_layers=3, heads=64, dense_intermediate=12288, experts=256,
             top_k=8, moe_intermediate=2048, shared_experts=1, vocab=154880, q_lora_rank=2048,
             kv_lora_rank=512, qk_nope_head_dim=192, qk_rope_head_dim=64, v_head_dim=256,
