@@ -151,8 +151,9 @@ SETTINGS: Tuple[Setting, ...] = (
        "kernels launched directly); 0 runs upstream's MoE path.",
        on="lean eager MoE, the default", off="upstream's MoE path"),
     _s("LEAN_MOE_PREFILL_TOKENS", "int", 4096, "runtime",
-       "Largest prefill bucket (tokens) given lean MoE steps; its workspace grows with the rows. "
-       "0 turns lean prefill off (decode keeps it).", minimum=0, note="0 turns lean prefill off"),
+       "Largest prefill bucket (tokens) given lean MoE steps, with captured prefill attention "
+       "(LAYERWISE_PREFILL_ATTENTION auto/fa2/fa3; the eager-attention default runs upstream's MoE "
+       "forward in prefill); its workspace grows with the rows. 0 turns lean prefill off (decode keeps it).", minimum=0, note="0 turns lean prefill off"),
     _s("LAYERWISE_PREFILL_ATTENTION", "choice", "eager", "runtime",
        "Attention in layerwise prefill: eager (a break between graph segments running upstream's own "
        "attention forward, as graphs disabled and upstream's breakable prefill do: the same tokens), "

@@ -14,8 +14,8 @@ parts (`PersistentVariableLengthMergeStates`). Eager prefill without a prefix ru
 kernel on SM90 instead, which is faster there than the captured FA2 plan; `auto` lets the captured
 prefill take the FA3 kernels too.
 
-SGLANG_SM120_LAYERWISE_PREFILL_ATTENTION picks the kernels those wrappers plan: `auto` (the
-default) hands FlashInfer its own `auto` rule, which takes the FA3 paged kernels
+SGLANG_SM120_LAYERWISE_PREFILL_ATTENTION picks the kernels those wrappers plan: `auto`
+hands FlashInfer its own `auto` rule, which takes the FA3 paged kernels
 on SM90 where they support the dtypes and mask (the same compiled module as the ragged FA3
 prefill) and FA2 everywhere else, SM120 included; `fa2` keeps upstream's choice; `fa3` insists
 on FA3 and is refused off SM90. Only the wrappers built while layerwise prefill captures take
