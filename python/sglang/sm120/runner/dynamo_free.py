@@ -50,8 +50,8 @@ difference is the order of ops and roundings; it does not show what only the GPU
   the fp32 cos/sin cache CUDA keeps, an FMA may round differently.
 - multinomial_with_seed's fp64 log: whether Triton's equals ATen's on the GPU is not measured.
 - moe_sum_reduce at top-k >= 8 is a real reduction (smaller ones are unrolled into one fp32
-  chain): the CPU kernel stores the bf16 sum before scaling, the GPU's fuses the scale (the GPU
-  identity tests, test/gpu/test_same_tokens.py, measure the twin there).
+  chain): the CPU kernel stores the bf16 sum before scaling, so only the GPU identity tests
+  (test/gpu/test_same_tokens.py) measure the twin at top-k >= 8.
 docs/runner.md ("Same tokens as upstream") says which of these the shipped models reach.
 """
 from __future__ import annotations
