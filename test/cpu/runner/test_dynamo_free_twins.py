@@ -80,3 +80,34 @@ def test_twin_equals_what_inductor_compiles(monkeypatch):
         torch._dynamo.reset()
     dfree.eager_twin(moe_sum_reduce_torch_compile)(x, twin_out, 2.5)
     assert torch.equal(compiled_out, twin_out)
+
+
+def test_the_reciprocal_twin_divides_by_a_constant_as_inductor_does_on_gpus():
+    """multinomial_with_seed's and batched_quantize's twins: `t / c` as `t * (1 / c)`, in place
+    too; tensor divisors and integer tensors untouched."""
+    def body(h, x, d):
+        u = h / 4294967295
+        x /= 6.0
+        return u, x, h / d, torch.arange(10) / 4
+
+    g = torch.Generator().manual_seed(4)
+    h = torch.randint(0, 2**32, (100000,), generator=g).to(torch.float64)
+    x = torch.randn(1000, generator=g)
+    d = torch.rand(100000, generator=g, dtype=torch.float64) + 1
+    u, x6, q, ints = dfree._reciprocal_division_twin(body)(h, x.clone(), d)
+    assert torch.equal(u, h * (1.0 / 4294967295)) and not torch.equal(u, h / 4294967295)
+    assert torch.equal(x6, x * (1.0 / 6.0)) and not torch.equal(x6, x / 6.0)
+    assert torch.equal(q, h / d) and torch.equal(ints, torch.arange(10) / 4)
+
+
+def test_inductor_lowers_a_division_by_a_constant_to_its_reciprocal_off_cpu():
+    """What the reciprocal twin follows: Inductor's div lowering (installed torch) multiplies by
+    the reciprocal of a constant divisor on every device but the CPU. When torch changes this, the
+    twins of multinomial_with_seed and batched_quantize must follow."""
+    import inspect
+
+    from torch._inductor import lowering
+
+    src = inspect.getsource(lowering.div_prim)
+    assert "get_constant_value(b)" in src and 'a.get_device().type != "cpu"' in src
+    assert "reciprocal = 1.0 / divisor.value" in src and "mul(a, reciprocal)" in src

@@ -13,16 +13,46 @@ does, built on first use.
 The eager function must give what the compiled one gives, bit for bit, or layerwise changes the
 tokens a user gets from upstream's configuration (which runs the compiled helper, with or
 without CUDA graphs). Inductor fuses a helper's pointwise ops into one kernel that computes in
-fp32 and rounds to the output dtype once (it drops the bf16 round trips between ops:
-torch._inductor.config.emulate_precision_casts is off), where the plain body rounds after every
-op. So a helper whose body rounds between ops has an *eager twin* here that follows Inductor's
-order: same ops in fp32, one rounding at the end. moe_sum_reduce_torch_compile is the one every
-MoE family meets (<= 32 tokens with top-k > 2 or a routed scaling factor): its plain body gives
-bf16(bf16(sum) * scale), the compiled one bf16(sum * scale). Helpers without a twin run their
-plain body; where that body rounds only once (fp32 math, concatenation, integer masks) it already
-gives the compiled bits; the top-k fallbacks (grouped / biased top-k, reached only where
-sglang's fused router kernels do not apply) use Triton's fast exp and division when compiled,
-which no eager op reproduces (docs/runner.md, "Same tokens as upstream").
+fp32 and rounds to the output dtype once: it drops the bf16 round trips between ops, explicit
+`.to(bf16)` casts inside the chain included (torch._inductor.config.emulate_precision_casts is
+off). So a helper whose body rounds between ops has an *eager twin* here (TWINS) that follows
+Inductor's order: the same ops in fp32, one rounding at the end:
+- moe_sum_reduce_torch_compile (every MoE family, <= 32 tokens with top-k > 2 or a routed
+  scaling factor): the plain body gives bf16(bf16(sum) * scale), the compiled one bf16(sum * scale).
+- the SwiGLU variants (GPT-OSS-style gemm1_alpha / gemm1_limit experts).
+- apply_rotary_emb, the native rope (patch 0112; only with --rl-on-policy-target or on MUSA):
+  the plain body rounds each product and sum and the cos/sin cast to bf16.
+- FP4MXBlock16KVQuantizeUtil.batched_quantize (--kv-cache-dtype fp4_e2m1): the plain body
+  computes a block's scale exponent ceil(log2(max / 6)) in bf16, which rounds max / 6 and the
+  log2 and so picks the next exponent down for some blocks (a different code for all 16 values).
+- multinomial_with_seed (fp64 throughout): no rounding between ops, but on GPUs Inductor lowers
+  a division by a constant to a multiplication by its reciprocal (CPUs keep the division), so
+  the twin divides the hash the same way; the fp64 noise then differs from the plain body's in
+  the last bit of some values. batched_quantize's twin divides max / 6 the same way (for bf16
+  and fp16 maxima either division gives the same exponent; the CPU test checks all of them).
+Helpers without a twin run their plain body, which already gives the compiled bits: fp32 math
+that Inductor does not reorder (the DSA indexer's head gates: products only), integer and mask
+helpers (vocab-parallel mask, top-k id post-processing, waterfill expansion, the overlap debug
+assert), a concatenation, batched_dequantize (fp32, one cast at the end).
+
+test/cpu/runner/test_dynamo_free_bits_*.py hold every routed helper to Inductor's CPU kernel
+(bitwise, both bases). The CPU backend stands in for the GPU's Triton kernel where the
+difference is the order of ops and roundings; it does not show what only the GPU kernel does:
+- Triton's sigmoid (fast exp, approximate division) and its fp32 division (div.full: up to 2 ulp
+  off) have no eager equivalent. Hence the MoE top-k fallbacks (grouped / biased top-k: sigmoid
+  or softmax and a renormalising division; reached only where sglang's fused router kernels do
+  not apply) and apply_scaling_penalties (repetition penalty: logits / penalty; reached by any
+  request, greedy or not, whose repetition_penalty is not 1) are not reproduced on GPUs, and
+  the SwiGLU twins match Triton up to its sigmoid. batched_quantize's division by a power of two
+  is exact if the approximate division is exact there (expected, not measured here).
+- Triton contracts a product and a sum into an FMA (Inductor compiles with fp fusion on): the
+  rope twin matches the GPU kernel where its products are exact (bf16 / fp16 cos and sin); with
+  the fp32 cos/sin cache CUDA keeps, an FMA may round differently.
+- multinomial_with_seed's fp64 log: whether Triton's equals ATen's on the GPU is not measured.
+- moe_sum_reduce at top-k >= 8 is a real reduction (smaller ones are unrolled into one fp32
+  chain): the CPU kernel stores the bf16 sum before scaling, so only the GPU identity tests
+  (test/gpu/test_same_tokens.py) measure the twin at top-k >= 8.
+docs/runner.md ("Same tokens as upstream") says which of these the shipped models reach.
 """
 from __future__ import annotations
 
@@ -66,6 +96,51 @@ def _upcast_twin(f: Callable) -> Callable:
     return twin
 
 
+class _ConstantDivisionAsReciprocal:
+    """A TorchFunctionMode (built on first use: torch is imported lazily) that turns `t / c` and
+    `t /= c`, c a Python number and t a floating tensor, into `t * (1 / c)`: Inductor's GPU
+    lowering of a division by a constant (its div lowering, off CPU)."""
+
+    mode = None
+
+    @classmethod
+    def get(cls):
+        if cls.mode is None:
+            import math
+
+            import torch
+            from torch.overrides import TorchFunctionMode
+
+            out_of_place = {torch.Tensor.__truediv__, torch.Tensor.div, torch.div,
+                            torch.Tensor.true_divide, torch.true_divide}
+            in_place = {torch.Tensor.__itruediv__, torch.Tensor.div_, torch.Tensor.true_divide_}
+
+            class Mode(TorchFunctionMode):
+                def __torch_function__(self, func, types, args=(), kwargs=None):
+                    kwargs = kwargs or {}
+                    if ((func in out_of_place or func in in_place) and len(args) == 2 and not kwargs
+                            and isinstance(args[0], torch.Tensor) and args[0].is_floating_point()
+                            and isinstance(args[1], (int, float)) and not isinstance(args[1], bool)):
+                        d = args[1]
+                        r = math.copysign(math.inf, d) if d == 0 else 1.0 / d
+                        return args[0].mul_(r) if func in in_place else args[0].mul(r)
+                    return func(*args, **kwargs)
+
+            cls.mode = Mode
+        return cls.mode()
+
+
+def _reciprocal_division_twin(f: Callable) -> Callable:
+    """f with its divisions by Python numbers done as Inductor does them on GPUs."""
+
+    @functools.wraps(f)
+    def twin(*args, **kwargs):
+        with _ConstantDivisionAsReciprocal.get():
+            return f(*args, **kwargs)
+
+    return twin
+
+
 # helper name -> twin factory (given the plain function). Looked up at every call, so a lab
 # variant (lab/variants/sitecustomize.py: plain-eager-helpers) can empty it to measure the plain
 # bodies.
@@ -74,6 +149,9 @@ TWINS: Dict[str, Callable[[Callable], Callable]] = {
     "_swiglu_silu_clamp_mul": _upcast_twin,
     "swiglu_gpt_oss_sigmoid_alpha": _upcast_twin,
     "swiglu_no_interleaved_with_alpha_and_limit": _upcast_twin,
+    "apply_rotary_emb": _upcast_twin,
+    "batched_quantize": lambda f: _upcast_twin(_reciprocal_division_twin(f)),
+    "multinomial_with_seed": _reciprocal_division_twin,
 }
 
 
