@@ -26,8 +26,6 @@ import signal
 import sys
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
-
 
 def ballast_bytes(free_now: int, target_free: int) -> int:
     if target_free > free_now:

@@ -41,7 +41,6 @@ import time
 from pathlib import Path
 from typing import Dict, List, Optional
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _results import RESULTS, commit, ratio, save, target as _target, utc_now  # noqa: E402
 import bench_runner  # noqa: E402
 

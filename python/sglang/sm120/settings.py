@@ -289,6 +289,16 @@ SETTINGS: Tuple[Setting, ...] = (
        "command's GEMM stage), to show the fallback to upstream's backend; unset in production."),
     _s("COMMIT", "str", None, "tools",
        "Commit recorded in benchmark results where the tree has no usable .git."),
+    # ---- the GLM-5 rank twin (benchmarks/bench_twin.py sets them for its servers)
+    _s("TWIN_ROUTER", "choice", "spread", "tools",
+       "GLM-5 rank twin: spread (after the dummy load, seeded N(0,1) router gates and zero expert "
+       "bias, so tokens spread over the experts as a trained router's do) or dummy (upstream's dummy "
+       "weights as loaded).", choices=("spread", "dummy")),
+    _s("TWIN_PROBE", "path", None, "tools",
+       "GLM-5 rank twin: write the run's probe readings (non-finite logits, per-expert token "
+       "histogram) to this JSON file at exit."),
+    _s("TWIN_HISTOGRAM_BS", "int", None, "tools",
+       "GLM-5 rank twin, with TWIN_PROBE: the decode batch size whose routing is counted.", minimum=1),
 )
 
 FLAGS: Tuple[Flag, ...] = (

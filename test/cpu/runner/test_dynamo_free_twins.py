@@ -7,7 +7,6 @@ import torch
 
 from sglang.sm120.runner import dynamo_free as dfree
 
-pytestmark = pytest.mark.base_independent
 
 
 def moe_sum_reduce_torch_compile(x, out, routed_scaling_factor):  # upstream's body, same name

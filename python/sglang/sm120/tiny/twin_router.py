@@ -32,8 +32,9 @@ The nonfinite check is one reduction over the logits per step, kept on the devic
 from __future__ import annotations
 
 import json
-import os
 from typing import Dict, List, Optional
+
+from .. import settings
 
 ROUTER_ENV, PROBE_ENV, HIST_BS_ENV = "SGLANG_SM120_TWIN_ROUTER", "SGLANG_SM120_TWIN_PROBE", "SGLANG_SM120_TWIN_HISTOGRAM_BS"
 SEED = 20260141
@@ -121,15 +122,14 @@ def _install_probes(model, hist_bs: Optional[int]) -> None:
 
 
 def after_dummy_load(model, top_k: int) -> None:
-    mode = os.environ.get(ROUTER_ENV, "spread")
+    mode = settings.choice(ROUTER_ENV)
     if mode not in ("spread", "dummy"):
         raise ValueError(f"{ROUTER_ENV} must be spread or dummy, got {mode!r}")
     _STATE.update(mode=mode, top_k=top_k)
     if mode == "spread":
         _STATE["spread"] = spread(model)
-    if os.environ.get(PROBE_ENV):
-        hist = os.environ.get(HIST_BS_ENV)
-        _install_probes(model, int(hist) if hist else None)
+    if settings.path(PROBE_ENV):
+        _install_probes(model, settings.integer(HIST_BS_ENV))
 
 
 def install() -> None:
@@ -153,13 +153,13 @@ def install() -> None:
 
 def dump() -> Optional[dict]:
     """Write the probes' readings to SGLANG_SM120_TWIN_PROBE (once the run is over)."""
-    path = os.environ.get(PROBE_ENV)
+    path = settings.path(PROBE_ENV)
     if not path or "flag" not in _STATE:
         return None
     doc = {"router": _STATE.get("mode"), "spread": _STATE.get("spread"),
            "nonfinite_logits": bool(_STATE["flag"].item()), "logit_steps": int(_STATE["steps"].item())}
     if _STATE.get("hist"):
-        hist_bs = int(os.environ[HIST_BS_ENV])
+        hist_bs = settings.integer(HIST_BS_ENV)
         doc["histogram_bs"] = hist_bs
         doc["histogram"] = {}
         for layer, counts in _STATE["hist"].items():
