@@ -437,6 +437,26 @@ def compare(cases: List[Case]) -> Dict[str, dict]:
     return results
 
 
+def bit_tests(cases: List[Case]):
+    """(results fixture, test) of a test module over `cases`: each case's Dynamo-free form gives
+    the compiled helper's bits and enters no Dynamo frame. Bind both at module level, as
+    `results, test_dynamo_free_form_gives_the_compiled_bits = bit_tests(CASES)`."""
+    import pytest
+
+    @pytest.fixture(scope="module")
+    def results(one_thread):
+        with cpu_inductor_settings(), stand_ins():
+            return compare(cases)
+
+    @pytest.mark.parametrize("key", [key(c) for c in cases])
+    def test_dynamo_free_form_gives_the_compiled_bits(results, key):
+        r = results[key]
+        assert r["dynamo_frames_eager"] == 0, r
+        assert r["equal"], r["diff"]
+
+    return results, test_dynamo_free_form_gives_the_compiled_bits
+
+
 def installed_base() -> Optional[str]:
     from sglang.sm120 import upstream_api
 

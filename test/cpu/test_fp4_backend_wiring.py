@@ -1,18 +1,12 @@
 """Patch 0201: `--fp4-gemm-backend sm120` reaches sglang.sm120.fp4_linear; `auto` keeps upstream's
 choice off SM120; the flag's help says what `auto` picks on SM120 with the fork. Runs against the installed fork (see test_installed.py)."""
-import importlib.metadata as md
-import os
 import subprocess
 import sys
 import textwrap
 
-import pytest
+from installed import skip_module_without_sglang  # noqa: E402
 
-try:
-    md.version("sglang")
-except md.PackageNotFoundError:
-    if os.environ.get("SGLANG_SM120_REQUIRE_INSTALLED") != "1":
-        pytest.skip("no sglang installed in this interpreter", allow_module_level=True)
+skip_module_without_sglang()
 
 SCRIPT = textwrap.dedent(
     """

@@ -1,6 +1,5 @@
 """The sm120 backend's once-per-process self-check (sglang.sm120.fp4_selfcheck): its decision
 logic with fakes, and the fallback through patch 0201 to upstream's path, without a GPU."""
-import importlib.metadata as md
 import logging
 import os
 import subprocess
@@ -10,11 +9,9 @@ import textwrap
 import pytest
 import torch
 
-try:
-    md.version("sglang")
-except md.PackageNotFoundError:
-    if os.environ.get("SGLANG_SM120_REQUIRE_INSTALLED") != "1":
-        pytest.skip("no sglang installed in this interpreter", allow_module_level=True)
+from installed import skip_module_without_sglang  # noqa: E402
+
+skip_module_without_sglang()
 
 from sglang.sm120 import fp4_selfcheck as S  # noqa: E402
 from sglang.sm120.fp4_tolerance import compare  # noqa: E402

@@ -1,19 +1,13 @@
 """sglang.sm120.upstream_api.resolved reads each resolved setting where the installed base keeps
 it: 0.5.23's published namespace bags (get_exec()), 0.5.16's ServerArgs record. Runs against the
 installed fork (see test_installed.py)."""
-import importlib.metadata as md
-import os
 import subprocess
 import sys
 import textwrap
 
-import pytest
+from installed import skip_module_without_sglang  # noqa: E402
 
-try:
-    md.version("sglang")
-except md.PackageNotFoundError:
-    if os.environ.get("SGLANG_SM120_REQUIRE_INSTALLED") != "1":
-        pytest.skip("no sglang installed in this interpreter", allow_module_level=True)
+skip_module_without_sglang()
 
 SCRIPT = textwrap.dedent(
     """

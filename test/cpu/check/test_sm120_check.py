@@ -1,6 +1,5 @@
 """`python -m sglang.sm120 check` without a GPU: CLI parsing, shape selection, stage flow and exit
 codes (with fake stages), targets, report formatting, the layerwise judge and the timing summary."""
-import importlib.metadata as md
 import io
 import json
 import os
@@ -10,11 +9,9 @@ import time
 
 import pytest
 
-try:
-    md.version("sglang")
-except md.PackageNotFoundError:
-    if os.environ.get("SGLANG_SM120_REQUIRE_INSTALLED") != "1":
-        pytest.skip("no sglang installed in this interpreter", allow_module_level=True)
+from installed import skip_module_without_sglang  # noqa: E402
+
+skip_module_without_sglang()
 
 from sglang.sm120.check import cli, layerwise, report, timing  # noqa: E402
 

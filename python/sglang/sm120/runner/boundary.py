@@ -360,13 +360,13 @@ class CaptureSession(_Session):
         ]
         use_lean = self.lean is not None and rec.lean and len(out_views) == 1
         in_place = use_lean and self.zero_copy
-        self._staged_leaves = self._stage(in_leaves, in_sigs, rows, in_place)
-        staged_args, staged_kwargs = in_rebuild(self._staged_leaves)
+        staged_leaves = self._stage(in_leaves, in_sigs, rows, in_place)
+        staged_args, staged_kwargs = in_rebuild(staged_leaves)
         lean = self.lean.bind(owner, staged_args, staged_kwargs, out=out_views[0]) if use_lean else None
         if lean is None and in_place:  # refused at bind: upstream's forward reads staged copies
             in_place = False
-            self._staged_leaves = self._stage(in_leaves, in_sigs, rows, False)
-            staged_args, staged_kwargs = in_rebuild(self._staged_leaves)
+            staged_leaves = self._stage(in_leaves, in_sigs, rows, False)
+            staged_args, staged_kwargs = in_rebuild(staged_leaves)
         restorers = _snapshot_state()
         if lean is not None:
             step = lean[0]  # reads no per-forward flags: no state to restore
@@ -375,7 +375,7 @@ class CaptureSession(_Session):
             step = _make_step(owner, staged_args, staged_kwargs, out_views, restorers)
         if self.real_rows:
             step = _RealRowsStep(step, rows, out_views, _rows_step_factory(
-                owner, list(self._staged_leaves), in_rebuild, in_sigs, out_views, restorers,
+                owner, list(staged_leaves), in_rebuild, in_sigs, out_views, restorers,
                 self.lean if lean is not None else None))
         self.cutter.cut(step)
         self.calls += 1
