@@ -100,8 +100,8 @@ const char* sm120_last_error() { return g_error; }
 // 4: `flags` (kW4A16Pdl | kW4A16ClusterReduce) for the W4A16 GEMM and its plan, plan out[5];
 // 5: flag kW4A16EightWarps; 6: plan out[6] = split target (the default is no longer 2 per SM);
 // 7: flags kW4A16WarpK / kW4A16SplitK, plan out[7] = warp-K kernel;
-// 8: flag kW4A16AutoWarps, plan out[8] = split-K warps per CTA
-int sm120_abi_version() { return 8; }
+// 8: flag kW4A16AutoWarps, plan out[8] = split-K warps per CTA; 9: sm120_moe_w4a16(_plan)
+int sm120_abi_version() { return 9; }
 
 const char* sm120_build_archs() { return SM120_BUILD_ARCHS; }
 
@@ -221,6 +221,73 @@ int sm120_gemm_w4a4(int device, const void* xq, const void* x_scales, const void
   return launch_gemm_w4a4(xq, x_scales, static_cast<const float*>(input_scale), qweight, w_scales,
                           static_cast<const float*>(weight_scale_2), bias, y, M, N, K, hw,
                           static_cast<cudaStream_t>(stream));
+}
+
+// Plan of sm120_moe_w4a16 (host only): out = {m_tiles, rows per work item, work items (the size of
+// the `work` buffer in int4), gate_up warps per tile, down warps per tile}.
+int sm120_moe_w4a16_plan(int T, int topk, int E, int H, int I, int* out) {
+  if (T <= 0 || topk <= 0 || E <= 0 || E > kMoeMaxExperts || H <= 0 || I <= 0 || out == nullptr)
+    return set_error(kInvalidArgument, "moe_w4a16_plan: need T, topk, H, I > 0 and 0 < E <= %d; got T=%d topk=%d E=%d H=%d I=%d",
+                     kMoeMaxExperts, T, topk, E, H, I);
+  const MoePlan p = plan_moe_w4a16(T, topk, E, H, I);
+  out[0] = p.m_tiles;
+  out[1] = p.rows_per_item;
+  out[2] = p.max_items;
+  out[3] = p.gate_up_k_warps;
+  out[4] = p.down_k_warps;
+  return kOk;
+}
+
+// out bf16 [T, H] = scale * sum_k topk_weights[t, k] * down_e(silu(gate_e(x_t)) * up_e(x_t)),
+// e = topk_ids[t, k]; ids outside [0, E) contribute nothing. Weights packed by kernels/moe.py
+// (pack_experts); sorted_slots int32 [T * topk], work int4 [plan's work items], work_count int32,
+// act bf16 [T * topk, I] and y bf16 [T * topk, H] are scratch the caller owns (no zeroing needed).
+int sm120_moe_w4a16(int device, const void* hidden, const void* topk_ids, const void* topk_weights,
+                    const void* w13, const void* w13_scales, const void* w13_alpha, const void* w2,
+                    const void* w2_scales, const void* w2_alpha, void* sorted_slots, void* work,
+                    void* work_count, void* act, void* y, void* out, int T, int topk, int E, int H,
+                    int I, float scale, void* stream) {
+  if (!hidden || !topk_ids || !topk_weights || !w13 || !w13_scales || !w13_alpha || !w2 || !w2_scales ||
+      !w2_alpha || !sorted_slots || !work || !work_count || !act || !y || !out)
+    return set_error(kInvalidArgument, "moe_w4a16: null pointer");
+  if (T <= 0 || topk <= 0 || E <= 0 || E > kMoeMaxExperts || H <= 0 || I <= 0 || H % 16 || I % 16)
+    return set_error(kInvalidArgument,
+                     "moe_w4a16: need T, topk > 0, 0 < E <= %d, H and I multiples of 16; got T=%d topk=%d E=%d H=%d I=%d",
+                     kMoeMaxExperts, T, topk, E, H, I);
+  const int64_t S = (int64_t)T * topk;
+  if ((int64_t)T * H >= (int64_t)1 << 31 || S * I >= (int64_t)1 << 31 || S >= (int64_t)1 << 31)
+    return set_error(kInvalidArgument, "moe_w4a16: T * H and T * topk * I must stay below 2^31 elements; got T=%d topk=%d H=%d I=%d",
+                     T, topk, H, I);
+  if (!is_aligned(hidden, 16) || !is_aligned(w13, 16) || !is_aligned(w13_scales, 16) || !is_aligned(w2, 16) ||
+      !is_aligned(w2_scales, 16) || !is_aligned(work, 16) || !is_aligned(act, 16) || !is_aligned(y, 16) ||
+      !is_aligned(out, 16))
+    return set_error(kInvalidArgument, "moe_w4a16: hidden, weights, scales, work, act, y and out must be 16-byte aligned");
+  DeviceInfo info;
+  int rc = use_device(device, &info);
+  if (rc != kOk) return rc;
+  MoeArgs a{};
+  a.hidden = hidden;
+  a.topk_ids = static_cast<const int*>(topk_ids);
+  a.topk_weights = static_cast<const float*>(topk_weights);
+  a.w13 = w13;
+  a.w13_scales = w13_scales;
+  a.w13_alpha = static_cast<const float*>(w13_alpha);
+  a.w2 = w2;
+  a.w2_scales = w2_scales;
+  a.w2_alpha = static_cast<const float*>(w2_alpha);
+  a.sorted_slots = static_cast<int*>(sorted_slots);
+  a.work = work;
+  a.work_count = static_cast<int*>(work_count);
+  a.act = act;
+  a.y = y;
+  a.out = out;
+  a.T = T;
+  a.topk = topk;
+  a.E = E;
+  a.H = H;
+  a.I = I;
+  a.scale = scale;
+  return launch_moe_w4a16(a, plan_moe_w4a16(T, topk, E, H, I), static_cast<cudaStream_t>(stream));
 }
 
 }  // extern "C"

@@ -171,4 +171,40 @@ int launch_gemm_w4a4(const void* xq, const void* x_scales, const float* input_sc
                      const void* bias, void* y, int M, int N, int K, bool hardware_mma,
                      cudaStream_t stream);
 
+// ------------------------------------------------------------------ grouped MoE W4A16 (moe_w4a16.cu)
+// Experts per call: the align kernel keeps one counter per expert in shared memory.
+constexpr int kMoeMaxExperts = 1024;
+// A warp of the grouped GEMM streams at least this many 64-K chunks of its tile (fewer warps per
+// tile, more tiles per CTA, below that).
+constexpr int kMoeMinChunksPerWarp = 4;
+struct MoePlan {
+  int m_tiles;          // 8-token MMA tiles per work item (1, 2 or 4)
+  int rows_per_item;    // 8 * m_tiles
+  int max_items;        // work items the grid covers: ceil(T * topk / rows_per_item) + min(E, T * topk)
+  int gate_up_k_warps;  // warps splitting one 16-row tile's K (8 / tiles per CTA)
+  int down_k_warps;
+};
+// Host only. The M tile follows the rows an active expert gets under uniform routing.
+MoePlan plan_moe_w4a16(int T, int topk, int E, int H, int I);
+struct MoeArgs {
+  const void* hidden;        // bf16 [T, H]
+  const int* topk_ids;       // int32 [T, topk]
+  const float* topk_weights; // fp32 [T, topk]
+  const void* w13;           // packed gate/up per expert (kernels/moe.py), [E][2 I_pad x H_pad / 2]
+  const void* w13_scales;
+  const float* w13_alpha;    // [E, 2]
+  const void* w2;            // packed down per expert, [E][H_pad x I_pad / 2]
+  const void* w2_scales;
+  const float* w2_alpha;     // [E]
+  int* sorted_slots;         // int32 [T * topk]
+  void* work;                // int4 [max_items]
+  int* work_count;           // int32 [1]
+  void* act;                 // bf16 [T * topk, I]
+  void* y;                   // bf16 [T * topk, H]
+  void* out;                 // bf16 [T, H]
+  int T, topk, E, H, I;
+  float scale;               // routed scaling factor
+};
+int launch_moe_w4a16(const MoeArgs& args, const MoePlan& plan, cudaStream_t stream);
+
 }  // namespace sm120

@@ -43,7 +43,8 @@ def test_build_result_and_progress(built):
     info, out, lines = built
     assert info["archs"] == ["sm_90a", "sm_120a"]
     assert info["library"] == kb.LIBRARY_NAME and (out / info["library"]).is_file()
-    assert {"quantize_nvfp4_kernel", "gemm_w4a16_kernel", "gemm_w4a4_kernel"} <= set(info["kernels"])
+    assert {"quantize_nvfp4_kernel", "gemm_w4a16_kernel", "gemm_w4a4_kernel", "moe_align_kernel",
+            "moe_w4a16_kernel", "moe_reduce_kernel"} <= set(info["kernels"])
     assert any("compiled gemm_w4a16.cu" in ln for ln in lines)
     assert "Used" in (out / kb.PTXAS_LOG).read_text()  # ptxas -v report kept next to the library
     if kb.find_cuobjdump():
@@ -188,9 +189,27 @@ def test_shared_memory_and_no_spills_on_every_arch(built, cuobjdump):
             assert int(fields["SHARED"]) <= SMEM_LIMIT, (arch, fn, fields)
             assert int(fields.get("LOCAL", 0)) == 0, f"{fn} on {arch} uses local memory (spills): {fields}"
     names = {fn for _, fn in seen}
-    for kernel in ("quantize_nvfp4_kernel", "gemm_w4a16_kernel", "gemm_w4a4_kernel"):
+    for kernel in ("quantize_nvfp4_kernel", "gemm_w4a16_kernel", "gemm_w4a4_kernel", "moe_w4a16_kernel"):
         for arch in ("sm_90a", "sm_120a"):
             assert any(kernel in fn for a, fn in seen if a == arch), (kernel, arch, names)
+
+
+def test_moe_kernel_sass_streams_weights_in_batches_of_four_and_fuses_silu(built, cuobjdump):
+    """The grouped MoE GEMM per arch: 3 M tiles x (gate_up, down); bf16 MMAs (4 per 64-K chunk per
+    M tile, 4 chunks a batch); per batch 4 weight loads of 16 B and 4 scale loads of 8 B with L1
+    no-allocate and 256-byte L2 fills; no cp.async; SiLU's exponential only in gate_up; bf16 stores."""
+    _, out, _ = built
+    for arch in ("sm_90a", "sm_120a"):
+        fns = {n: b for n, b in _functions(_dump(cuobjdump, out / kb.LIBRARY_NAME, "-sass", "-arch", arch)).items()
+               if "moe_w4a16_kernel" in n}
+        assert len(fns) == 6, (arch, sorted(fns))
+        for name, body in fns.items():
+            m_tiles, gate_up = map(int, re.search(r"ILi(\d)ELb(\d)E", name).groups())
+            assert body.count("HMMA.16816.F32.BF16") == 16 * m_tiles, (arch, name)
+            assert body.count("LDG.E.NA.LTC256B.128.CONSTANT") == 4, (arch, name)
+            assert body.count("LDG.E.NA.LTC256B.64.CONSTANT") == 4, (arch, name)
+            assert "LDGSTS" not in body and "STG.E.U16" in body, (arch, name)
+            assert ("MUFU.EX2" in body) == bool(gate_up), (arch, name)
 
 
 def _lib_abi_version() -> int:
@@ -222,6 +241,63 @@ def test_library_loads_without_gpu(built):
     # for 1 CTA per SM, and its 48 tiles take the most splits that fit one wave; no warp flag: 4 warps
     assert (m_tiles, m_blocks, n_ctas, cluster, target, warpk, warps) == (1, 1, 48, 0, 132, 0, 4)
     assert splits == 2 and n_ctas * splits <= 132
+
+
+def _moe_plan_fn(lib_path):
+    import ctypes
+    lib = ctypes.CDLL(str(lib_path))
+    lib.sm120_last_error.restype = ctypes.c_char_p
+
+    def plan(t, topk, e, h, i):
+        out = (ctypes.c_int * 5)()
+        rc = lib.sm120_moe_w4a16_plan(t, topk, e, h, i, out)
+        return (rc, lib.sm120_last_error().decode()) if rc else dict(
+            zip(("m_tiles", "rows_per_item", "max_items", "gate_up_k_warps", "down_k_warps"), out))
+    return plan
+
+
+def test_moe_plan_m_tile_and_warps_per_tile(built):
+    _, out, _ = built
+    plan = _moe_plan_fn(out / kb.LIBRARY_NAME)
+    # GLM-5 at TP 8: 256 experts, H 6144 (96 K chunks: 8 warps a tile), I 256 (4 chunks: 1 warp)
+    for t, m_tiles in ((1, 1), (64, 1), (256, 1), (300, 2), (512, 2), (513, 4), (1024, 4)):
+        p = plan(t, 8, 256, 6144, 256)
+        assert (p["m_tiles"], p["rows_per_item"]) == (m_tiles, 8 * m_tiles), (t, p)
+        assert (p["gate_up_k_warps"], p["down_k_warps"]) == (8, 1)
+    assert plan(64, 8, 32, 6144, 2048)["down_k_warps"] == 8  # EP 8: I 2048, 32 chunks
+    assert plan(64, 8, 128, 2048, 768)["down_k_warps"] == 2  # Qwen3-30B-A3B: 12 chunks
+    rc, msg = plan(4, 8, 1025, 6144, 256)
+    assert rc != 0 and "0 < E <= 1024" in msg and "E=1025" in msg
+    assert plan(0, 8, 8, 64, 64)[0] != 0
+
+
+def test_moe_work_list_bound_covers_any_routing(built):
+    """max_items sizes the grid and the work buffer: no routing may need more items (the align
+    kernel makes ceil(rows / rows_per_item) items per expert)."""
+    import random
+    _, out, _ = built
+    plan = _moe_plan_fn(out / kb.LIBRARY_NAME)
+    rng = random.Random(5)
+    for t, topk, e in ((1, 8, 256), (3, 8, 256), (64, 8, 256), (1024, 8, 256), (1024, 8, 32), (5, 2, 4), (200, 6, 64)):
+        s = t * topk
+        p = plan(t, topk, e, 2048, 768)
+        r = p["rows_per_item"]
+        routings = [[s] + [0] * (e - 1), [s // e + (j < s % e) for j in range(e)]]
+        # as many experts as possible one row past a full item: the most items per row
+        spill = [0] * e
+        left = s
+        for j in range(e):
+            spill[j] = min(left, r + 1)
+            left -= spill[j]
+        spill[0] += left
+        routings.append(spill)
+        for _ in range(50):
+            cuts = sorted(rng.randint(0, s) for _ in range(e - 1))
+            routings.append([b - a for a, b in zip([0] + cuts, cuts + [s])])
+        for counts in routings:
+            assert sum(counts) == s
+            items = sum(-(-c // r) for c in counts)
+            assert items <= p["max_items"], (t, topk, e, counts, p)
 
 
 def test_bad_arch_and_compile_error_are_one_line(tmp_path):
