@@ -223,13 +223,21 @@ int sm120_gemm_w4a4(int device, const void* xq, const void* x_scales, const void
                           static_cast<cudaStream_t>(stream));
 }
 
+static bool moe_k_warps_ok(int k_warps) {
+  return k_warps == 0 || k_warps == 1 || k_warps == 2 || k_warps == 4 || k_warps == 8;
+}
+
 // Plan of sm120_moe_w4a16 (host only): out = {m_tiles, rows per work item, work items (the size of
-// the `work` buffer in int4), gate_up warps per tile, down warps per tile}.
-int sm120_moe_w4a16_plan(int T, int topk, int E, int H, int I, int* out) {
+// the `work` buffer in int4), gate_up warps per tile, down warps per tile}. *_k_warps: 0 = the
+// plan's choice, else 1, 2, 4 or 8 warps per 16-row tile (for sweeps).
+int sm120_moe_w4a16_plan(int T, int topk, int E, int H, int I, int gate_up_k_warps, int down_k_warps, int* out) {
   if (T <= 0 || topk <= 0 || E <= 0 || E > kMoeMaxExperts || H <= 0 || I <= 0 || out == nullptr)
     return set_error(kInvalidArgument, "moe_w4a16_plan: need T, topk, H, I > 0 and 0 < E <= %d; got T=%d topk=%d E=%d H=%d I=%d",
                      kMoeMaxExperts, T, topk, E, H, I);
-  const MoePlan p = plan_moe_w4a16(T, topk, E, H, I);
+  if (!moe_k_warps_ok(gate_up_k_warps) || !moe_k_warps_ok(down_k_warps))
+    return set_error(kInvalidArgument, "moe_w4a16_plan: warps per tile must be 0 (auto), 1, 2, 4 or 8; got gate_up %d, down %d",
+                     gate_up_k_warps, down_k_warps);
+  const MoePlan p = plan_moe_w4a16(T, topk, E, H, I, gate_up_k_warps, down_k_warps);
   out[0] = p.m_tiles;
   out[1] = p.rows_per_item;
   out[2] = p.max_items;
@@ -246,7 +254,7 @@ int sm120_moe_w4a16(int device, const void* hidden, const void* topk_ids, const 
                     const void* w13, const void* w13_scales, const void* w13_alpha, const void* w2,
                     const void* w2_scales, const void* w2_alpha, void* sorted_slots, void* work,
                     void* work_count, void* act, void* y, void* out, int T, int topk, int E, int H,
-                    int I, float scale, void* stream) {
+                    int I, float scale, int gate_up_k_warps, int down_k_warps, void* stream) {
   if (!hidden || !topk_ids || !topk_weights || !w13 || !w13_scales || !w13_alpha || !w2 || !w2_scales ||
       !w2_alpha || !sorted_slots || !work || !work_count || !act || !y || !out)
     return set_error(kInvalidArgument, "moe_w4a16: null pointer");
@@ -262,6 +270,9 @@ int sm120_moe_w4a16(int device, const void* hidden, const void* topk_ids, const 
       !is_aligned(w2_scales, 16) || !is_aligned(work, 16) || !is_aligned(act, 16) || !is_aligned(y, 16) ||
       !is_aligned(out, 16))
     return set_error(kInvalidArgument, "moe_w4a16: hidden, weights, scales, work, act, y and out must be 16-byte aligned");
+  if (!moe_k_warps_ok(gate_up_k_warps) || !moe_k_warps_ok(down_k_warps))
+    return set_error(kInvalidArgument, "moe_w4a16: warps per tile must be 0 (auto), 1, 2, 4 or 8; got gate_up %d, down %d",
+                     gate_up_k_warps, down_k_warps);
   DeviceInfo info;
   int rc = use_device(device, &info);
   if (rc != kOk) return rc;
@@ -287,7 +298,8 @@ int sm120_moe_w4a16(int device, const void* hidden, const void* topk_ids, const 
   a.H = H;
   a.I = I;
   a.scale = scale;
-  return launch_moe_w4a16(a, plan_moe_w4a16(T, topk, E, H, I), static_cast<cudaStream_t>(stream));
+  return launch_moe_w4a16(a, plan_moe_w4a16(T, topk, E, H, I, gate_up_k_warps, down_k_warps),
+                          static_cast<cudaStream_t>(stream));
 }
 
 }  // extern "C"

@@ -174,8 +174,8 @@ int launch_gemm_w4a4(const void* xq, const void* x_scales, const float* input_sc
 // ------------------------------------------------------------------ grouped MoE W4A16 (moe_w4a16.cu)
 // Experts per call: the align kernel keeps one counter per expert in shared memory.
 constexpr int kMoeMaxExperts = 1024;
-// A warp of the grouped GEMM streams at least this many 64-K chunks of its tile (fewer warps per
-// tile, more tiles per CTA, below that).
+// A warp of the grouped GEMM streams at least this many 64-K chunks of its tile when the plan
+// chooses (fewer warps per tile, more tiles per CTA, below that).
 constexpr int kMoeMinChunksPerWarp = 4;
 struct MoePlan {
   int m_tiles;          // 8-token MMA tiles per work item (1, 2 or 4)
@@ -184,8 +184,9 @@ struct MoePlan {
   int gate_up_k_warps;  // warps splitting one 16-row tile's K (8 / tiles per CTA)
   int down_k_warps;
 };
-// Host only. The M tile follows the rows an active expert gets under uniform routing.
-MoePlan plan_moe_w4a16(int T, int topk, int E, int H, int I);
+// Host only. The M tile follows the rows an active expert gets under uniform routing; the warps per
+// tile are the plan's choice where *_k_warps is 0, else that count (1, 2, 4 or 8: for sweeps).
+MoePlan plan_moe_w4a16(int T, int topk, int E, int H, int I, int gate_up_k_warps, int down_k_warps);
 struct MoeArgs {
   const void* hidden;        // bf16 [T, H]
   const int* topk_ids;       // int32 [T, topk]

@@ -278,11 +278,16 @@ __global__ void __launch_bounds__(kReduceThreads) moe_reduce_kernel(const __nv_b
   *reinterpret_cast<uint4*>(out + (int64_t)t * H + c8) = o;
 }
 
-// The tiles per CTA of a GEMM with n_chunks 64-K chunks: as few warps per tile as keep each warp at
-// kMoeMinChunksPerWarp chunks or more (a short K, e.g. GLM-5's down at TP 8 with 4 chunks, gives
-// each warp a whole tile of its own, 8 tiles per CTA), at most kMoeWarps.
-int moe_k_warps(int n_chunks) {
-  int k_warps = kMoeWarps;
+// Warps splitting one tile's K. Two pulls: parallelism wants many (each warp streams its K slice
+// of the tile, so more warps per tile keep more weight bytes in flight per CTA), X reuse wants few.
+// A warp reads rows x 128 B of X per 64-K chunk beside the chunk's 576 B of weights and scales,
+// and only warps of the same K slice (the CTA's other tiles) share those X reads through L1; so
+// with `rows` rows a tile, X traffic from L2 stays at or below the weights' when a CTA holds at
+// least rows / 4 tiles. Hence: the fewer of (8 / those tiles) and (the most warps that leave each
+// warp kMoeMinChunksPerWarp chunks: GLM-5's down at TP 8 has 4 chunks, so one warp a tile).
+int moe_k_warps(int n_chunks, int64_t avg_rows) {
+  const int tiles_for_reuse = avg_rows <= 4 ? 1 : avg_rows <= 8 ? 2 : avg_rows <= 16 ? 4 : 8;
+  int k_warps = kMoeWarps / tiles_for_reuse;
   while (k_warps > 1 && n_chunks < k_warps * kMoeMinChunksPerWarp) k_warps >>= 1;
   return k_warps;
 }
@@ -299,7 +304,7 @@ cudaError_t launch_gemm(const MoeGemmParams& p, int m_tiles, int max_items, cuda
 
 }  // namespace
 
-MoePlan plan_moe_w4a16(int T, int topk, int E, int H, int I) {
+MoePlan plan_moe_w4a16(int T, int topk, int E, int H, int I, int gate_up_k_warps, int down_k_warps) {
   MoePlan plan{};
   const int64_t S = (int64_t)T * topk;
   // Rows an active expert gets on average (uniform routing over min(E, S) experts): the M tile.
@@ -308,8 +313,9 @@ MoePlan plan_moe_w4a16(int T, int topk, int E, int H, int I) {
   plan.m_tiles = avg <= 8 ? 1 : avg <= 16 ? 2 : 4;
   plan.rows_per_item = 8 * plan.m_tiles;
   plan.max_items = (int)(ceil_div((int)S, plan.rows_per_item) + active);
-  plan.gate_up_k_warps = moe_k_warps(round_up(H, kChunkK) / kChunkK);
-  plan.down_k_warps = moe_k_warps(round_up(I, kChunkK) / kChunkK);
+  const int64_t rows = avg < plan.rows_per_item ? avg : plan.rows_per_item;
+  plan.gate_up_k_warps = gate_up_k_warps > 0 ? gate_up_k_warps : moe_k_warps(round_up(H, kChunkK) / kChunkK, rows);
+  plan.down_k_warps = down_k_warps > 0 ? down_k_warps : moe_k_warps(round_up(I, kChunkK) / kChunkK, rows);
   return plan;
 }
 

@@ -248,9 +248,9 @@ def _moe_plan_fn(lib_path):
     lib = ctypes.CDLL(str(lib_path))
     lib.sm120_last_error.restype = ctypes.c_char_p
 
-    def plan(t, topk, e, h, i):
+    def plan(t, topk, e, h, i, gate_up_k_warps=0, down_k_warps=0):
         out = (ctypes.c_int * 5)()
-        rc = lib.sm120_moe_w4a16_plan(t, topk, e, h, i, out)
+        rc = lib.sm120_moe_w4a16_plan(t, topk, e, h, i, gate_up_k_warps, down_k_warps, out)
         return (rc, lib.sm120_last_error().decode()) if rc else dict(
             zip(("m_tiles", "rows_per_item", "max_items", "gate_up_k_warps", "down_k_warps"), out))
     return plan
@@ -259,13 +259,21 @@ def _moe_plan_fn(lib_path):
 def test_moe_plan_m_tile_and_warps_per_tile(built):
     _, out, _ = built
     plan = _moe_plan_fn(out / kb.LIBRARY_NAME)
-    # GLM-5 at TP 8: 256 experts, H 6144 (96 K chunks: 8 warps a tile), I 256 (4 chunks: 1 warp)
-    for t, m_tiles in ((1, 1), (64, 1), (256, 1), (300, 2), (512, 2), (513, 4), (1024, 4)):
+    # GLM-5 at TP 8: 256 experts, H 6144 (96 K chunks), I 256 (4 chunks: one warp a down tile).
+    # gate_up's warps per tile shrink as the rows per tile grow (X reads shared through L1 by the
+    # CTA's tiles): avg rows <= 4: 8 warps, <= 8: 4, <= 16: 2, else 1
+    for t, m_tiles, gate_up_k_warps in ((1, 1, 8), (64, 1, 8), (128, 1, 8), (129, 1, 4), (256, 1, 4), (300, 2, 2),
+                                        (512, 2, 2), (513, 4, 1), (1024, 4, 1)):
         p = plan(t, 8, 256, 6144, 256)
         assert (p["m_tiles"], p["rows_per_item"]) == (m_tiles, 8 * m_tiles), (t, p)
-        assert (p["gate_up_k_warps"], p["down_k_warps"]) == (8, 1)
-    assert plan(64, 8, 32, 6144, 2048)["down_k_warps"] == 8  # EP 8: I 2048, 32 chunks
-    assert plan(64, 8, 128, 2048, 768)["down_k_warps"] == 2  # Qwen3-30B-A3B: 12 chunks
+        assert (p["gate_up_k_warps"], p["down_k_warps"]) == (gate_up_k_warps, 1), (t, p)
+    assert plan(2, 8, 32, 6144, 2048)["down_k_warps"] == 8  # EP 8: I 2048 (32 chunks), 1 row a tile
+    assert plan(32, 8, 32, 6144, 2048)["down_k_warps"] == 4  # 8 rows a tile: 2 tiles a CTA share X
+    assert plan(2, 8, 128, 2048, 768)["down_k_warps"] == 2  # Qwen3-30B-A3B: 12 chunks, >= 4 a warp
+    # explicit warps per tile (sweeps) win; other counts are refused
+    assert plan(1024, 8, 256, 6144, 256, 8, 2) | {} == plan(1024, 8, 256, 6144, 256) | {"gate_up_k_warps": 8, "down_k_warps": 2}
+    rc, msg = plan(1, 8, 8, 64, 64, 3, 0)
+    assert rc != 0 and "1, 2, 4 or 8; got gate_up 3" in msg
     rc, msg = plan(4, 8, 1025, 6144, 256)
     assert rc != 0 and "0 < E <= 1024" in msg and "E=1025" in msg
     assert plan(0, 8, 8, 64, 64)[0] != 0

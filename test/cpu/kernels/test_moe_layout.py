@@ -146,3 +146,11 @@ def test_routing_gives_distinct_experts_and_leaves_the_inactive_empty():
     assert all(len(set(row)) == 8 for row in ids.tolist())
     assert int(ids.max()) < 12
     assert torch.allclose(w.sum(1), torch.ones(64))
+
+
+def test_warps_per_tile_accept_the_plans_counts_only():
+    for bad in (3, 16, -1, True, "4"):
+        with pytest.raises(ValueError, match="gate_up_k_warps must be 0 \\(the plan's choice\\), 1, 2, 4 or 8"):
+            moe.moe_plan(8, 8, 256, 6144, 256, gate_up_k_warps=bad)
+    with pytest.raises(ValueError, match="down_k_warps must be"):
+        moe.moe_plan(8, 8, 256, 6144, 256, down_k_warps=6)

@@ -171,13 +171,22 @@ def pack_experts(w13_weight: torch.Tensor, w13_weight_scale: torch.Tensor, w13_w
                          w2_alpha=w2_alpha, num_experts=e, hidden=h, intermediate=i)
 
 
-def moe_plan(tokens: int, topk: int, num_experts: int, hidden: int, intermediate: int) -> dict:
-    """The kernel's plan of a call (host only): M tile, rows per work item, work items, warps per tile."""
+def moe_plan(tokens: int, topk: int, num_experts: int, hidden: int, intermediate: int, *,
+             gate_up_k_warps: int = 0, down_k_warps: int = 0) -> dict:
+    """The kernel's plan of a call (host only): M tile, rows per work item, work items, warps per
+    tile (gate_up_k_warps / down_k_warps: 0 = the plan's choice, else 1, 2, 4 or 8, for sweeps)."""
+    warps = _k_warps(gate_up_k_warps, "gate_up_k_warps"), _k_warps(down_k_warps, "down_k_warps")
     out = (ctypes.c_int * 5)()
-    _lib.check(_lib.load().sm120_moe_w4a16_plan(tokens, topk, num_experts, hidden, intermediate, out),
+    _lib.check(_lib.load().sm120_moe_w4a16_plan(tokens, topk, num_experts, hidden, intermediate, *warps, out),
                "moe_w4a16_plan")
     return {"m_tiles": out[0], "rows_per_item": out[1], "max_items": out[2],
             "gate_up_k_warps": out[3], "down_k_warps": out[4]}
+
+
+def _k_warps(value, name: str) -> int:
+    if value not in (0, 1, 2, 4, 8) or isinstance(value, bool):
+        raise ValueError(f"{name} must be 0 (the plan's choice), 1, 2, 4 or 8, got {value!r}")
+    return int(value)
 
 
 def _check_routing(hidden_states, topk_ids, topk_weights, experts: PackedExperts):
@@ -203,19 +212,20 @@ def _check_routing(hidden_states, topk_ids, topk_weights, experts: PackedExperts
 
 def moe_w4a16(hidden_states: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
               experts: PackedExperts, *, routed_scaling_factor: float = 1.0,
-              out: Optional[torch.Tensor] = None) -> torch.Tensor:
+              out: Optional[torch.Tensor] = None, gate_up_k_warps: int = 0, down_k_warps: int = 0) -> torch.Tensor:
     """bf16 [T, H] = routed_scaling_factor * sum_k topk_weights[t, k] * down_e(SiLU(gate_e(x)) * up_e(x)),
     e = topk_ids[t, k]; ids outside [0, E) (EP: other ranks' experts) contribute nothing. The k-sum
     runs in order k = 0..topk-1: identical inputs give identical outputs. No host sync; the
     scratch (sorted rows, work list, activations [T topk, I], per-slot outputs [T topk, H]) comes
-    from torch's caching allocator, so the call is CUDA-graph capturable."""
+    from torch's caching allocator, so the call is CUDA-graph capturable. gate_up_k_warps /
+    down_k_warps: warps per 16-row weight tile (moe_plan; 0 = the plan's choice)."""
     from .ops import _out, _ptr, _stream
 
     dev, t, topk = _check_routing(hidden_states, topk_ids, topk_weights, experts)
     e, h, i = experts.num_experts, experts.hidden, experts.intermediate
     y = _out("out", out, (t, h), torch.bfloat16, dev)
     ids = topk_ids if topk_ids.dtype == torch.int32 else topk_ids.to(torch.int32)
-    plan = moe_plan(t, topk, e, h, i)
+    plan = moe_plan(t, topk, e, h, i, gate_up_k_warps=gate_up_k_warps, down_k_warps=down_k_warps)
     s = t * topk
     sorted_slots = torch.empty(s, dtype=torch.int32, device=dev)
     work = torch.empty((plan["max_items"], 4), dtype=torch.int32, device=dev)
@@ -226,7 +236,8 @@ def moe_w4a16(hidden_states: torch.Tensor, topk_ids: torch.Tensor, topk_weights:
         dev.index, _ptr(hidden_states), _ptr(ids), _ptr(topk_weights), _ptr(experts.w13), _ptr(experts.w13_scales),
         _ptr(experts.w13_alpha), _ptr(experts.w2), _ptr(experts.w2_scales), _ptr(experts.w2_alpha),
         _ptr(sorted_slots), _ptr(work), _ptr(work_count), _ptr(act), _ptr(per_slot), _ptr(y),
-        t, topk, e, h, i, ctypes.c_float(float(routed_scaling_factor)), _stream(dev))
+        t, topk, e, h, i, ctypes.c_float(float(routed_scaling_factor)), plan["gate_up_k_warps"],
+        plan["down_k_warps"], _stream(dev))
     _lib.check(rc, "moe_w4a16")
     return y
 
