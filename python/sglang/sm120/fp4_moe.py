@@ -36,6 +36,12 @@ EXPERT_TENSORS = ("w13_weight", "w13_weight_scale", "w13_weight_scale_2",
                   "w2_weight", "w2_weight_scale", "w2_weight_scale_2")
 
 
+def uses_kernel(layer) -> bool:
+    """The layer runs on this backend: its quant method chose sm120 and its experts are packed."""
+    backend = getattr(getattr(layer, "quant_method", None), "_moe_runner_backend", None)
+    return getattr(backend, "value", None) == "sm120" and getattr(layer, "sm120_experts", None) is not None
+
+
 def layer_shapes(layer):
     """(E, H, I) of the layer's loaded experts: w13_weight is uint8 [E, 2I, H/2]."""
     e, two_i, half_h = layer.w13_weight.shape

@@ -285,8 +285,10 @@ SETTINGS: Tuple[Setting, ...] = (
        "tools/venv.sh: full (the wheel and all it requires) or cpu-test (what the CPU tests need).",
        choices=("full", "cpu-test")),
     _s("FAULT_INJECT", "str", None, "runtime",
-       "Test hook: 'gemm' corrupts one result of the sm120 backend's self-check (and of the check "
-       "command's GEMM stage), to show the fallback to upstream's backend; unset in production."),
+       "Test hook: 'gemm' corrupts one result of the sm120 NVFP4 GEMM backend's self-check (and of "
+       "the check command's GEMM stage), 'moe' one result of the sm120 NVFP4 MoE backend's "
+       "self-check (--moe-runner-backend sm120 or auto on SM120), to show the fallback to upstream's "
+       "backend; unset in production."),
     _s("COMMIT", "str", None, "tools",
        "Commit recorded in benchmark results where the tree has no usable .git."),
     # ---- the GLM-5 rank twin (benchmarks/bench_twin.py sets them for its servers)

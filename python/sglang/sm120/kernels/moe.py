@@ -218,6 +218,12 @@ class MoeScratch:
             flat = self._flat[role] = torch.empty(max(numel, 1), dtype=dtype, device=self.device)
         return flat[:numel].view(shape)
 
+    def scrub(self) -> None:
+        """NaN into the float buffers (probes: a result that reads what no launch wrote shows)."""
+        for flat in self._flat.values():
+            if flat.is_floating_point():
+                flat.fill_(float("nan"))
+
     @property
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self._flat.values())
