@@ -57,9 +57,8 @@ def layer_refusal(layer, config) -> Optional[str]:
     for name in ("gemm1_alpha", "gemm1_beta", "gemm1_clamp_limit", "swiglu_limit"):
         if getattr(config, name, None) is not None:
             return f"{name} is set (the kernel runs plain SiLU(gate) * up)"
-    for name in ("gate_up_interleaved", "silu_mul_keep_fp32"):
-        if getattr(config, name, False):
-            return f"{name} (the kernel reads gate rows, then up rows, and rounds SiLU(gate) * up to bf16)"
+    if getattr(config, "silu_mul_keep_fp32", False):
+        return "silu_mul_keep_fp32 (the kernel rounds SiLU(gate) * up to bf16)"
     if config.apply_router_weight_on_input:
         return "apply_router_weight_on_input (the kernel weighs the experts' outputs)"
     if config.no_combine:

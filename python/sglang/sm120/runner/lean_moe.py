@@ -155,6 +155,8 @@ def sm120_layer_refusal(layer) -> Optional[str]:
         return f"{type(layer).__name__} is not FusedMoE itself"
     if getattr(layer, "_use_ascend_fuseep", False):
         return "not CUDA"
+    if getattr(layer, "_dwdp_bound", False):
+        return "DWDP weight prefetch around the layer"
     if type(layer.dispatcher) is not StandardDispatcher:
         return f"dispatcher {type(layer.dispatcher).__name__}"
     if layer.moe_ep_size != 1 or layer.dispatcher.local_expert_mapping is not None:
