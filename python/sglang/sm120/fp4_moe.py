@@ -78,7 +78,7 @@ def _check_device(layer) -> torch.device:
 def layer_backend(layer, config):
     """The MoeRunnerBackend this layer runs on (module docstring); may switch the process's."""
     from sglang.sm120 import fp4_layer
-    from sglang.srt.layers.moe import MoeRunnerBackend, get_moe_runner_backend
+    from sglang.srt.layers.moe.utils import MoeRunnerBackend, get_moe_runner_backend
 
     fp4_layer.require_kernels(FLAG)
     why = layer_refusal(layer, config)
