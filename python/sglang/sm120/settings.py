@@ -324,6 +324,10 @@ FLAGS: Tuple[Flag, ...] = (
     Flag("--fp4-gemm-backend sm120", "auto (sm120 on SM120 GPUs when the kernel library loads)",
          "NVFP4 linear layers run on the fork's kernels: W4A16 at small M, W4A4 above "
          "SGLANG_SM120_FP4_W4A16_MAX_M.", "patches/0201, sglang/sm120/fp4_backend.py"),
+    Flag("--moe-runner-backend sm120", "auto (sm120 for ModelOpt NVFP4 on SM120 GPUs when the kernel library loads)",
+         "ModelOpt NVFP4 MoE experts (gated SiLU) run on the fork's grouped W4A16 kernel, on SM90 and "
+         "SM120, both bases; a self-check on the first MoE layer's shapes falls back to upstream's "
+         "choice.", "patches/0202, sglang/sm120/fp4_moe.py"),
     Flag("--reject-unknown-model", "off",
          "OpenAI endpoints answer 404 NotFoundError to a `model` this server does not serve "
          "(served name, model path, 'default' and loaded LoRA adapters are accepted).",
