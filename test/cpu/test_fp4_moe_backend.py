@@ -238,6 +238,44 @@ def test_the_moe_tolerance_passes_the_reference_and_catches_the_injected_fault()
     assert fp4_moe_selfcheck.compare(dropped, ref) is not None
 
 
+@pytest.fixture
+def reference_kernel(monkeypatch):
+    """verify_shape on CPU: pack_experts keeps the ModelOpt tensors and moe_w4a16 is moe_reference
+    on them (the packing and the kernel are tested elsewhere; here the check's cases, routing,
+    comparison and fault injection run for real)."""
+    calls = []
+    monkeypatch.setattr(kmoe, "pack_experts", lambda **w: w)
+
+    def kernel(x, ids, weights, packed):
+        calls.append((x.shape[0], ids.clone()))
+        return kmoe.moe_reference(x, ids, weights, **packed)
+
+    monkeypatch.setattr(kmoe, "moe_w4a16", kernel)
+    return calls
+
+
+def test_verify_shape_runs_every_case_within_the_tolerance(reference_kernel, env_value):
+    env_value(selfcheck.FAULT_INJECT_ENV, None)
+    res = fp4_moe_selfcheck.verify_shape(12, H, I, 4, "cpu")
+    assert res.ok, res.failure()
+    assert res.checked_experts == fp4_moe_selfcheck.MAX_CHECK_EXPERTS and res.topk == 4
+    tokens = [t for t, _ in reference_kernel]
+    assert tokens == [1, 16, 96]
+    topk_case, ep_case = reference_kernel[1][1], reference_kernel[2][1]
+    assert set(topk_case.unique().tolist()) <= set(range(4))  # experts 4..7 get zero rows
+    assert bool((ep_case == -1).any())  # other ranks' experts
+
+
+def test_the_injected_moe_fault_fails_the_check_and_hands_the_process_to_upstream(reference_kernel, env_value):
+    env_value(selfcheck.FAULT_INJECT_ENV, "moe")
+    set_backend("sm120")
+    res = fp4_moe_selfcheck.ensure_verified(E, H, I, TOPK, "cpu")
+    assert not res.ok and res.case == 1 and "outside tolerance" in res.error
+    assert res.fallback == fp4_moe_backend.upstream_moe_choice() == moe_utils.get_moe_runner_backend().value
+    env_value(selfcheck.FAULT_INJECT_ENV, "gemm")  # the GEMM check's site leaves this one alone
+    assert fp4_moe_selfcheck.verify_shape(E, H, I, TOPK, "cpu").ok
+
+
 # ------------------------------------------------------------------------------------------------
 # the quant method's hooks (patch 0202) and apply's kernel call
 # ------------------------------------------------------------------------------------------------
