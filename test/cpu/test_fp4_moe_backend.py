@@ -361,6 +361,17 @@ def test_apply_runs_the_kernel_on_upstreams_topk_with_upstreams_scaling(monkeypa
     assert call["out"] is None and call["scratch"] is None
 
 
+def test_an_empty_batch_launches_nothing(monkeypatch):
+    from sglang.srt.layers.moe.topk import StandardTopKOutput
+
+    monkeypatch.setattr(kernels, "moe_w4a16", lambda *a, **kw: pytest.fail("launched on no tokens"))
+    layer = nvfp4_layer()
+    fp4_moe.process_weights_after_loading(layer)
+    empty = torch.empty(0, H, dtype=torch.bfloat16)
+    topk = StandardTopKOutput(torch.empty(0, TOPK), torch.empty(0, TOPK, dtype=torch.int32), None)
+    assert fp4_moe.run(layer, empty, topk).shape == (0, H)
+
+
 def test_scratch_gives_views_of_shared_buffers_and_grows():
     s = kmoe.MoeScratch("cpu")
     a = s.take("act", (4, 8), torch.bfloat16)

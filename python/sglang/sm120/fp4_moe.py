@@ -67,6 +67,8 @@ def layer_refusal(layer, config) -> Optional[str]:
         return f"activations {config.params_dtype} (the kernel takes bf16)"
     if getattr(layer, "w13_weight_bias", None) is not None or getattr(layer, "w2_weight_bias", None) is not None:
         return "expert bias"
+    if getattr(layer, "gemm1_clamp_limit", None) is not None:
+        return "the layer's gemm1_clamp_limit (the kernel runs plain SiLU(gate) * up)"
     return moe_w4a16_supported(*layer_shapes(layer))
 
 
@@ -123,6 +125,8 @@ def run(layer, hidden_states, topk_output, *, out=None, scratch=None) -> torch.T
     with the same arguments (only out and scratch, which the kernel writes before it reads)."""
     from sglang.sm120 import kernels
 
+    if hidden_states.shape[0] == 0:  # an idle rank's empty batch (DP attention): nothing to launch
+        return out if out is not None else hidden_states.new_empty((0, layer.sm120_experts.hidden))
     return kernels.moe_w4a16(hidden_states, topk_output.topk_ids, topk_output.topk_weights,
                              layer.sm120_experts, routed_scaling_factor=routed_scaling(layer),
                              out=out, scratch=scratch)
