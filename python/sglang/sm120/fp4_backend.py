@@ -27,22 +27,28 @@ def picks_sm120(capability) -> bool:
     return tuple(capability)[0] == 12
 
 
-def auto_backend_choice() -> Optional[str]:
+def sm120_gpu_with_kernels(serves: str) -> bool:
+    """This process's GPU is one `auto` gives the fork's kernels and their library loads (else one
+    warning naming what keeps upstream's backend: `serves`, e.g. "NVFP4 GEMMs")."""
     try:
         import torch
     except ImportError:
-        return None
-    if _disabled_reason is not None:
-        return None
+        return False
     if not torch.cuda.is_available() or not picks_sm120(torch.cuda.get_device_capability()):
-        return None
+        return False
     from sglang.sm120 import kernels
 
     try:
         kernels.load()
     except RuntimeError as e:
         logger.warning("SM120 GPU but the sglang-sm120 kernel library is not loadable (%s); "
-                       "NVFP4 GEMMs use upstream's backend", e)
+                       "%s use upstream's backend", e, serves)
+        return False
+    return True
+
+
+def auto_backend_choice() -> Optional[str]:
+    if _disabled_reason is not None or not sm120_gpu_with_kernels("NVFP4 GEMMs"):
         return None
     logger.info("NVFP4 GEMM backend: sm120 (fork kernels) on this SM120 GPU, once its self-check passes")
     return "sm120"

@@ -74,8 +74,8 @@ def repack(layer: torch.nn.Module) -> None:
     kernels.workspace(weight.device)  # this stream's split-K workspace exists before any capture
 
 
-def require_kernels() -> None:
-    """RuntimeError naming why, when the kernel library cannot be loaded."""
+def require_kernels(flag: str = "--fp4-gemm-backend sm120") -> None:
+    """RuntimeError naming why (and `flag`, what needs it), when the kernel library cannot be loaded."""
     if kernels.available():
         return
     try:
@@ -83,7 +83,7 @@ def require_kernels() -> None:
         why = "unknown"
     except RuntimeError as exc:
         why = str(exc)
-    raise RuntimeError("--fp4-gemm-backend sm120 needs libsm120_kernels.so: " + why)
+    raise RuntimeError(f"{flag} needs libsm120_kernels.so: " + why)
 
 
 def packed_weight(layer: torch.nn.Module) -> kernels.PackedWeight:

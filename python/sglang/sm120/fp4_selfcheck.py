@@ -29,17 +29,14 @@ fallback and the failing report on a GPU whose kernels are correct.
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from dataclasses import dataclass
 from typing import Callable, Optional, Sequence
 
-from sglang.sm120 import settings
+from sglang.sm120.selfcheck import FAULT_INJECT_ENV, FAULT_SITES, OnceCheck, corrupt_one, error_line, fault_site  # noqa: F401
 
 logger = logging.getLogger(__name__)
 
-FAULT_INJECT_ENV = "SGLANG_SM120_FAULT_INJECT"
-FAULT_SITES = ("gemm",)
 CHECK_MS = (1, 16, 64, 128)  # warp-K, warp-K's largest M, split-K at the W4A16 limit, W4A4
 MAX_CHECK_ELEMENTS = 16 << 20  # weight elements of the synthetic weight (64 MB as fp32 reference)
 
@@ -57,21 +54,12 @@ class Outcome:
     error: str = ""
     fallback: str = ""          # upstream's backend the process switched to
 
+    def passed(self) -> str:
+        return (f"N={self.n} K={self.k} ({self.checked_n} rows checked), M={','.join(map(str, self.ms))}, "
+                f"{self.seconds:.2f} s")
 
-def fault_site() -> str:
-    """The fault SGLANG_SM120_FAULT_INJECT asks for ('' when unset); ValueError on an unknown one."""
-    raw = (settings.text(FAULT_INJECT_ENV) or "").strip().lower()
-    if raw and raw not in FAULT_SITES:
-        raise ValueError(f"{FAULT_INJECT_ENV} must be one of {', '.join(FAULT_SITES)} (or unset), got {raw!r}")
-    return raw
-
-
-def corrupt_one(y):
-    """y with its first element moved far outside any tolerance (a copy; y is left alone)."""
-    y = y.clone()
-    flat = y.view(-1)
-    flat[0] = flat[0] + 1.0 + flat[0].abs()
-    return y
+    def failure(self) -> str:
+        return f"N={self.n} K={self.k} M={self.m} {self.path}: {self.error}"
 
 
 def checked_rows(n: int, k: int) -> int:
@@ -139,8 +127,7 @@ def verify_shape(n: int, k: int, device, ms: Sequence[int] = CHECK_MS) -> Outcom
                 return outcome(False, m=m, path=path, error=c.summary())
         torch.cuda.synchronize(device)
     except Exception as exc:  # a launch error, a missing kernel image, ...
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        return outcome(False, m=m, path=path, error=f"{type(exc).__name__}: {first}")
+        return outcome(False, m=m, path=path, error=error_line(exc))
     return outcome(True)
 
 
@@ -154,45 +141,22 @@ def fall_back_to_upstream(reason: str) -> str:
     return fp4_utils.get_fp4_gemm_runner_backend().value
 
 
-_lock = threading.Lock()
-_outcome: Optional[Outcome] = None
+_check = OnceCheck("NVFP4", "FP4 GEMM", logger)
 
 
 def outcome() -> Optional[Outcome]:
     """This process's self-check result (None before the first NVFP4 layer)."""
-    return _outcome
+    return _check.outcome
 
 
 def ensure_verified(n: int, k: int, device, *, verify: Optional[Callable[..., Outcome]] = None,
                     fall_back: Optional[Callable[[str], str]] = None) -> Outcome:
     """The first call runs `verify` (default verify_shape) for (N, K) on `device`, logs one line
     and, on failure, falls back (default fall_back_to_upstream); every later call returns that
-    first outcome."""
-    global _outcome
+    first outcome (selfcheck.OnceCheck)."""
     verify = verify or verify_shape
-    fall_back = fall_back or fall_back_to_upstream
-    with _lock:
-        if _outcome is not None:
-            return _outcome
-        res = verify(n, k, device)
-        if res.ok:
-            logger.info("sm120 NVFP4 self-check passed on this GPU: N=%d K=%d (%d rows checked), M=%s, %.2f s",
-                        n, k, res.checked_n, ",".join(map(str, res.ms)), res.seconds)
-        else:
-            what = f"N={n} K={k} M={res.m} {res.path}: {res.error}"
-            try:
-                res.fallback = fall_back(what)
-            except Exception as exc:  # never serve the unverified kernels: stop with both reasons
-                raise RuntimeError(f"sm120 NVFP4 self-check FAILED ({what}) and switching to upstream's "
-                                   f"backend failed: {type(exc).__name__}: {exc}") from exc
-            logger.error("sm120 NVFP4 self-check FAILED: N=%d K=%d M=%s %s: %s -- this process uses "
-                         "upstream's %s FP4 GEMM backend instead", n, k, res.m, res.path, res.error,
-                         res.fallback)
-        _outcome = res
-        return res
+    return _check.ensure(lambda: verify(n, k, device), fall_back or fall_back_to_upstream)
 
 
 def reset_for_tests() -> None:
-    global _outcome
-    with _lock:
-        _outcome = None
+    _check.reset()

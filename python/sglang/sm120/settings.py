@@ -285,8 +285,10 @@ SETTINGS: Tuple[Setting, ...] = (
        "tools/venv.sh: full (the wheel and all it requires) or cpu-test (what the CPU tests need).",
        choices=("full", "cpu-test")),
     _s("FAULT_INJECT", "str", None, "runtime",
-       "Test hook: 'gemm' corrupts one result of the sm120 backend's self-check (and of the check "
-       "command's GEMM stage), to show the fallback to upstream's backend; unset in production."),
+       "Test hook: 'gemm' corrupts one result of the sm120 NVFP4 GEMM backend's self-check (and of "
+       "the check command's GEMM stage), 'moe' one result of the sm120 NVFP4 MoE backend's "
+       "self-check (--moe-runner-backend sm120 or auto on SM120), to show the fallback to upstream's "
+       "backend; unset in production."),
     _s("COMMIT", "str", None, "tools",
        "Commit recorded in benchmark results where the tree has no usable .git."),
     # ---- the GLM-5 rank twin (benchmarks/bench_twin.py sets them for its servers)
@@ -322,6 +324,10 @@ FLAGS: Tuple[Flag, ...] = (
     Flag("--fp4-gemm-backend sm120", "auto (sm120 on SM120 GPUs when the kernel library loads)",
          "NVFP4 linear layers run on the fork's kernels: W4A16 at small M, W4A4 above "
          "SGLANG_SM120_FP4_W4A16_MAX_M.", "patches/0201, sglang/sm120/fp4_backend.py"),
+    Flag("--moe-runner-backend sm120", "auto (sm120 for ModelOpt NVFP4 on SM120 GPUs when the kernel library loads)",
+         "ModelOpt NVFP4 MoE experts (gated SiLU) run on the fork's grouped W4A16 kernel, on SM90 and "
+         "SM120, both bases; a self-check on the first MoE layer's shapes falls back to upstream's "
+         "choice.", "patches/0202, sglang/sm120/fp4_moe.py"),
     Flag("--reject-unknown-model", "off",
          "OpenAI endpoints answer 404 NotFoundError to a `model` this server does not serve "
          "(served name, model path, 'default' and loaded LoRA adapters are accepted).",

@@ -243,6 +243,21 @@ ANCHORS: Dict[str, Dict[str, Optional[str]]] = {
     },
     "ModelOptNvFp4FusedMoEMethod.create_moe_runner": _both(
         "sglang.srt.layers.quantization.modelopt_quant:ModelOptNvFp4FusedMoEMethod.create_moe_runner"),
+    # fp4_moe*.py and lean_moe.py (patch 0202): the MoE runner backend, its auto resolution, and
+    # the dispatch/combine types of upstream's NVFP4 MoE path
+    "ModelOptNvFp4FusedMoEMethod.process_weights_after_loading": _both(
+        "sglang.srt.layers.quantization.modelopt_quant:ModelOptNvFp4FusedMoEMethod.process_weights_after_loading"),
+    "ModelOptNvFp4FusedMoEMethod.apply": _both(
+        "sglang.srt.layers.quantization.modelopt_quant:ModelOptNvFp4FusedMoEMethod.apply"),
+    "moe_utils.MoeRunnerBackend": _both("sglang.srt.layers.moe.utils:MoeRunnerBackend"),
+    "moe_utils.get_moe_runner_backend": _both("sglang.srt.layers.moe.utils:get_moe_runner_backend"),
+    "moe_utils.get_flags": _both("sglang.srt.layers.moe.utils:get_flags"),
+    "moe_utils.should_use_flashinfer_cutlass_moe_fp4_allgather": _both(
+        "sglang.srt.layers.moe.utils:should_use_flashinfer_cutlass_moe_fp4_allgather"),
+    "overrides._moe_runner_backend_quant_constraints": _both(
+        "sglang.srt.arg_groups.overrides:_moe_runner_backend_quant_constraints"),
+    "StandardCombineInput": _both("sglang.srt.layers.moe.token_dispatcher.standard:StandardCombineInput"),
+    "TopKOutputChecker": _both("sglang.srt.layers.moe.topk:TopKOutputChecker"),
     "VocabParallelEmbedding": _both("sglang.srt.layers.vocab_parallel_embedding:VocabParallelEmbedding"),
     # patch 0108: the DSA indexer's compiled head-gate helpers and the backend's compiled concat
     "Indexer._project_and_scale_head_gates": _both(

@@ -13,7 +13,7 @@ docs/kernels.md. `available()` says whether it loads here.
 """
 from ._lib import available, build_archs, library_path, load
 from .layout import PackedWeight, pack_weight, unpack_weight, p_order_packed
-from .moe import PackedExperts, moe_plan, moe_reference, moe_w4a16, moe_w4a16_supported, pack_experts
+from .moe import MoeScratch, PackedExperts, moe_plan, moe_reference, moe_w4a16, moe_w4a16_supported, pack_experts
 from .ops import (KERNEL_DEFAULT, WARPK_MAX_M, WARPS_DEFAULT, gemm_w4a4, gemm_w4a16, packed_scale_shape,
                   quantize_nvfp4, w4a16_plan, w4a16_warps, workspace)
 
@@ -22,5 +22,5 @@ __all__ = [
     "PackedWeight", "pack_weight", "unpack_weight", "p_order_packed",
     "gemm_w4a4", "gemm_w4a16", "quantize_nvfp4", "w4a16_plan", "workspace", "packed_scale_shape",
     "WARPS_DEFAULT", "w4a16_warps", "KERNEL_DEFAULT", "WARPK_MAX_M",
-    "PackedExperts", "pack_experts", "moe_w4a16", "moe_reference", "moe_plan", "moe_w4a16_supported",
+    "MoeScratch", "PackedExperts", "pack_experts", "moe_w4a16", "moe_reference", "moe_plan", "moe_w4a16_supported",
 ]

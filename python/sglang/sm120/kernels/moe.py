@@ -210,28 +210,63 @@ def _check_routing(hidden_states, topk_ids, topk_weights, experts: PackedExperts
     return dev, t, topk_ids.shape[1]
 
 
+class MoeScratch:
+    """Reusable scratch of moe_w4a16 calls (sorted rows, work list and count, activations, per-slot
+    outputs): flat buffers per role on one device, grown to the largest call seen; each call takes
+    views of their leading elements. One scratch serves calls that run one after another on one
+    stream (the layers of a model); calls that may overlap need one each."""
+
+    def __init__(self, device) -> None:
+        self.device = torch.device(device)
+        self._flat = {}
+
+    def take(self, role: str, shape, dtype: torch.dtype) -> torch.Tensor:
+        numel = _numel(shape)
+        flat = self._flat.get(role)
+        if flat is None or flat.numel() < numel or flat.dtype != dtype:
+            flat = self._flat[role] = torch.empty(max(numel, 1), dtype=dtype, device=self.device)
+        return flat[:numel].view(shape)
+
+    def scrub(self) -> None:
+        """NaN into the float buffers (probes: a result that reads what no launch wrote shows)."""
+        for flat in self._flat.values():
+            if flat.is_floating_point():
+                flat.fill_(float("nan"))
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self._flat.values())
+
+
 def moe_w4a16(hidden_states: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
               experts: PackedExperts, *, routed_scaling_factor: float = 1.0,
-              out: Optional[torch.Tensor] = None, gate_up_k_warps: int = 0, down_k_warps: int = 0) -> torch.Tensor:
+              out: Optional[torch.Tensor] = None, scratch: Optional[MoeScratch] = None,
+              gate_up_k_warps: int = 0, down_k_warps: int = 0) -> torch.Tensor:
     """bf16 [T, H] = routed_scaling_factor * sum_k topk_weights[t, k] * down_e(SiLU(gate_e(x)) * up_e(x)),
     e = topk_ids[t, k]; ids outside [0, E) (EP: other ranks' experts) contribute nothing. The k-sum
     runs in order k = 0..topk-1: identical inputs give identical outputs. No host sync; the
     scratch (sorted rows, work list, activations [T topk, I], per-slot outputs [T topk, H]) comes
-    from torch's caching allocator, so the call is CUDA-graph capturable. gate_up_k_warps /
-    down_k_warps: warps per 16-row weight tile (moe_plan; 0 = the plan's choice)."""
+    from `scratch` when given (a MoeScratch on the inputs' device), else from torch's caching
+    allocator; either way the call is CUDA-graph capturable and every scratch element it reads it
+    wrote first, so both give the same bits. gate_up_k_warps / down_k_warps: warps per 16-row
+    weight tile (moe_plan; 0 = the plan's choice)."""
     from .ops import _out, _ptr, _stream
 
     dev, t, topk = _check_routing(hidden_states, topk_ids, topk_weights, experts)
     e, h, i = experts.num_experts, experts.hidden, experts.intermediate
     y = _out("out", out, (t, h), torch.bfloat16, dev)
-    ids = topk_ids if topk_ids.dtype == torch.int32 else topk_ids.to(torch.int32)
+    # int64 ids: clamped first, so no id wraps into [0, E) on the way to int32
+    ids = topk_ids if topk_ids.dtype == torch.int32 else topk_ids.clamp(-1, e).to(torch.int32)
     plan = moe_plan(t, topk, e, h, i, gate_up_k_warps=gate_up_k_warps, down_k_warps=down_k_warps)
     s = t * topk
-    sorted_slots = torch.empty(s, dtype=torch.int32, device=dev)
-    work = torch.empty((plan["max_items"], 4), dtype=torch.int32, device=dev)
-    work_count = torch.empty(1, dtype=torch.int32, device=dev)
-    act = torch.empty((s, i), dtype=torch.bfloat16, device=dev)
-    per_slot = torch.empty((s, h), dtype=torch.bfloat16, device=dev)
+    if scratch is not None and scratch.device != dev:
+        raise ValueError(f"scratch is on {scratch.device}, the inputs on {dev}")
+    take = scratch.take if scratch is not None else (lambda _role, shape, dtype: torch.empty(shape, dtype=dtype, device=dev))
+    sorted_slots = take("sorted_slots", (s,), torch.int32)
+    work = take("work", (plan["max_items"], 4), torch.int32)
+    work_count = take("work_count", (1,), torch.int32)
+    act = take("act", (s, i), torch.bfloat16)
+    per_slot = take("per_slot", (s, h), torch.bfloat16)
     rc = _lib.load().sm120_moe_w4a16(
         dev.index, _ptr(hidden_states), _ptr(ids), _ptr(topk_weights), _ptr(experts.w13), _ptr(experts.w13_scales),
         _ptr(experts.w13_alpha), _ptr(experts.w2), _ptr(experts.w2_scales), _ptr(experts.w2_alpha),

@@ -11,7 +11,9 @@ layer runs at a time, on one stream); at each step the same kernels run with the
 its torch custom-op wrapper), and the combine writes straight into the boundary's output buffer.
 
 Only the unquantized Triton path is taken, and only where it is the path upstream would take
-(`refusal` says why not, logged once per reason). On by default (its results equal upstream's
+(`refusal` says why not, logged once per reason). A ModelOpt NVFP4 layer on the sm120 MoE backend
+(`--moe-runner-backend sm120`, fp4_moe) gets its own step on either base: the grouped kernel
+called directly, as upstream's path calls it (fp4_moe.run), with scratch shared by every layer. On by default (its results equal upstream's
 path bit for bit, docs/runner.md, "Lean eager MoE"); SGLANG_SM120_LEAN_MOE=0 turns it off. For decode and for
 the captured-attention prefill buckets up to SGLANG_SM120_LEAN_MOE_PREFILL_TOKENS (default 4096):
 the workspace grows with the rows (intermediate activations of every row at the largest bucket).
@@ -78,10 +80,12 @@ LEAN_STEP_BASES = ("0.5.16",)
 
 
 def layer_refusal(layer) -> Optional[str]:
-    """Why `layer.forward` would not take the plain Triton path the lean step reproduces; None
-    when it would."""
-    from sglang.sm120 import upstream_api
+    """Why `layer.forward` would not take the plain Triton path the lean step reproduces (or, for
+    a layer on the sm120 MoE backend, the kernel call the sm120 step makes); None when it would."""
+    from sglang.sm120 import fp4_moe, upstream_api
 
+    if fp4_moe.uses_kernel(layer):
+        return sm120_layer_refusal(layer)
     base = upstream_api.check_installed()
     if base not in LEAN_STEP_BASES:
         return f"the lean step is not ported to upstream sglang {base} (it reproduces {', '.join(LEAN_STEP_BASES)})"
@@ -139,12 +143,40 @@ def layer_refusal(layer) -> Optional[str]:
     return None
 
 
+def sm120_layer_refusal(layer) -> Optional[str]:
+    """Why `forward` of a layer on the sm120 MoE backend does more than the kernel call
+    (upstream's forward_impl: dispatch, quant_method.apply = fp4_moe.apply, combine); None when
+    it does not."""
+    from sglang.srt.layers.moe import utils as moe_utils
+    from sglang.srt.layers.moe.fused_moe_triton.layer import FusedMoE
+    from sglang.srt.layers.moe.token_dispatcher.standard import StandardDispatcher
+
+    if type(layer) is not FusedMoE:
+        return f"{type(layer).__name__} is not FusedMoE itself"
+    if getattr(layer, "_use_ascend_fuseep", False):
+        return "not CUDA"
+    if getattr(layer, "_dwdp_bound", False):
+        return "DWDP weight prefetch around the layer"
+    if type(layer.dispatcher) is not StandardDispatcher:
+        return f"dispatcher {type(layer.dispatcher).__name__}"
+    if layer.moe_ep_size != 1 or layer.dispatcher.local_expert_mapping is not None:
+        return "expert parallelism"
+    if layer.reduce_results and layer.moe_tp_size > 1:
+        return "the layer all-reduces its own output (reduce_results with TP > 1)"
+    if moe_utils.should_use_flashinfer_cutlass_moe_fp4_allgather():
+        return "the FlashInfer FP4 all-gather dispatch"
+    return None
+
+
 def call_refusal(layer, hidden_states, topk_output) -> Optional[str]:
     """Why this call's tensors are outside what the lean step handles; None when they are not."""
+    from sglang.sm120 import fp4_moe
     from sglang.srt.layers.moe.topk import StandardTopKOutput
 
     if type(topk_output) is not StandardTopKOutput:
         return f"top-k output {type(topk_output).__name__} (only StandardTopKOutput)"
+    if fp4_moe.uses_kernel(layer):
+        return sm120_call_refusal(layer, hidden_states, topk_output)
     if hidden_states.dtype not in (torch.bfloat16, torch.float16):
         return f"hidden states {hidden_states.dtype} (only bf16 / fp16)"
     if hidden_states.dim() != 2 or not hidden_states.is_contiguous() or hidden_states.shape[0] < 1:
@@ -157,6 +189,22 @@ def call_refusal(layer, hidden_states, topk_output) -> Optional[str]:
     tw, ti = topk_output.topk_weights, topk_output.topk_ids
     if tw.shape != ti.shape or tw.dim() != 2 or tw.shape[0] != hidden_states.shape[0] or tw.stride(1) != 1:
         return "top-k weights / ids of an unexpected shape"
+    return None
+
+
+def sm120_call_refusal(layer, hidden_states, topk_output) -> Optional[str]:
+    """Why the grouped kernel would refuse (or reshape) this call; None when it takes it as is."""
+    if hidden_states.dtype != torch.bfloat16:
+        return f"hidden states {hidden_states.dtype} (the grouped kernel takes bf16)"
+    if hidden_states.dim() != 2 or not hidden_states.is_contiguous() or hidden_states.shape[0] < 1:
+        return "hidden states not a non-empty contiguous 2-D tensor"
+    if hidden_states.shape[1] != layer.sm120_experts.hidden:
+        return "hidden size differs from the experts' (padded hidden size)"
+    tw, ti = topk_output.topk_weights, topk_output.topk_ids
+    if tw.shape != ti.shape or tw.dim() != 2 or tw.shape[0] != hidden_states.shape[0]:
+        return "top-k weights / ids of an unexpected shape"
+    if tw.dtype != torch.float32 or ti.dtype not in (torch.int32, torch.int64):
+        return f"top-k weights {tw.dtype} / ids {ti.dtype} (the kernel takes fp32 / int32 or int64)"
     return None
 
 
@@ -349,6 +397,7 @@ class LeanMoe:
         self._layer_refusals: Dict[int, Optional[str]] = {}
         self._logged: set = set()
         self.refusals: Dict[str, int] = {}
+        self.moe_scratch = None  # the sm120 steps' kernels.MoeScratch, made at the first one
 
     def _refuse(self, why: str) -> None:
         self.refusals[why] = self.refusals.get(why, 0) + 1
@@ -378,6 +427,10 @@ class LeanMoe:
         if why is not None:
             self._refuse(why)
             return None
+        from sglang.sm120 import fp4_moe
+
+        if fp4_moe.uses_kernel(owner):
+            return self._bind_sm120(owner, hidden_states, topk_output, out)
         w1, w2 = owner.w13_weight, owner.w2_weight
         tw, ti = topk_output.topk_weights, topk_output.topk_ids
         key = (tuple(w1.shape), tuple(w2.shape), tuple(ti.shape), hidden_states.dtype,
@@ -390,9 +443,41 @@ class LeanMoe:
                               device=hidden_states.device)
         return _make_lean_step(plan, owner, hidden_states, tw, ti, out), out
 
+    def _bind_sm120(self, owner, hidden_states, topk_output, out):
+        from sglang.sm120 import kernels
+
+        if self.moe_scratch is None:
+            self.moe_scratch = kernels.MoeScratch(self.workspace.device)
+        if out is None:
+            out = torch.empty((hidden_states.shape[0], owner.sm120_experts.hidden), dtype=torch.bfloat16,
+                              device=hidden_states.device)
+        return _make_sm120_step(owner, hidden_states, topk_output, out, self.moe_scratch), out
+
     def summary(self) -> Dict[str, Any]:
-        return {"plans": len(self._plans), "workspace_bytes": self.workspace.nbytes,
+        scratch = 0 if self.moe_scratch is None else self.moe_scratch.nbytes
+        return {"plans": len(self._plans), "workspace_bytes": self.workspace.nbytes + scratch,
                 "max_rows": self.max_rows, "refusals": dict(self.refusals)}
+
+
+def _make_sm120_step(owner, hidden_states, topk_output, out, scratch):
+    """The step of a layer on the sm120 MoE backend: fp4_moe.run, the call fp4_moe.apply makes on
+    upstream's path, with `out` (the boundary's buffer) and the shared scratch. The packed experts
+    are read from the layer at every call, so a rebound layer needs nothing."""
+    from sglang.sm120 import fp4_moe
+
+    def step() -> None:
+        fp4_moe.run(owner, hidden_states, topk_output, out=out, scratch=scratch)
+
+    def scrub() -> None:
+        """NaN into `out` and the scratch's float buffers (see _make_lean_step)."""
+        out.fill_(float("nan"))
+        scratch.scrub()
+
+    step.owner_name = f"{type(owner).__name__}(lean sm120)"
+    step.lean = True
+    step.scrub = scrub
+    step.triton_resolved = lambda: []  # no Triton launches
+    return step
 
 
 def _make_lean_step(plan, owner, hidden_states, tw, ti, out):
