@@ -40,8 +40,6 @@ TOKENS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 GEOMEAN_MAX_TOKENS = 256
 TARGET_GEOMEAN_VS_MARLIN = 1.3
 TARGET_MIN_VS_MARLIN = 1.0
-SANITY_TOKENS = 16
-SANITY_REL_ERR = 0.05  # upstream's result this far off the reference computes something else
 RESULT_NAME = "moe-fp4-h200"
 SEED = 0
 
@@ -138,85 +136,47 @@ def write_md(path, meta, rows, targets, summary):
     Path(path).write_text("\n".join(L) + "\n")
 
 
-def _sanity(op, x, ids, w, ref):
-    """None when op's result is within SANITY_REL_ERR of ref (norm-wise), else why not."""
-    import torch
+# as bench_fp4_gemm.py: the pair the targets compare, Marlin and ours, each timed right after a bf16
+# graph: bf16, Marlin, bf16 again, ours
+ORDER = ("bf16", "marlin", "bf16_repeat", "sm120")
 
-    y = op(x, ids, w)
-    torch.cuda.synchronize()
-    rel = float((y.float() - ref.float()).norm() / ref.float().norm().clamp_min(1e-30))
-    return None if rel <= SANITY_REL_ERR else f"result off the reference: relative error {rel:.3g} > {SANITY_REL_ERR}"
+
+def flat_row(cell, shape, copy_bw, errors):
+    """moe_timing.time_row's cell as this file's row: {backend}_us (ours, marlin, bf16, bf16_repeat),
+    {backend}_missing where a backend was not timed, ratios and bandwidths (set_ratios)."""
+    r = {k: v for k, v in cell.items() if k not in ("us", "failed")}
+    r["bf16_weight_bytes"] = int(cell["experts_hit_mean"] * shape.bf16_bytes_per_expert())
+    for key in ORDER:
+        name = "ours" if key == "sm120" else key
+        r[f"{name}_us"] = cell["us"].get(key)
+    for b in ("marlin", "bf16"):
+        why = cell["failed"].get(b) or errors.get(b)
+        if r[f"{b}_us"] is None:
+            r[f"{b}_missing"] = why or "not available"
+    set_ratios(r, copy_bw)
+    return r
 
 
 def bench_shape(s, tokens, l2, copy_bw, reps, log):
     import torch
 
-    from sglang.sm120 import kernels as K
     from sglang.sm120.check import moe_timing as MT
-    from sglang.sm120.kernels import moe
 
     dev = torch.device("cuda")
-    tensors = MT.shared_gate_up_scale(moe.synthetic_experts(s.experts, s.hidden, s.inter, dev, seed=SEED))
-    packed = K.pack_experts(**tensors)
-    per_expert, per_expert_bf16 = packed.expert_weight_bytes(), s.bf16_bytes_per_expert()
-    ops = {"ours": MT.ours_op(packed, s)}
-    errors = {}
-    try:
-        ops["marlin"] = MT.marlin_moe_op(MT.load_marlin_moe(), tensors, s, dev)
-    except Exception as exc:  # ImportError, or upstream refusing this GPU / these shapes
-        errors["marlin"] = MT.reason_of(exc)
-    try:
-        ops["bf16"] = MT.triton_bf16_op(s, dev, seed=SEED)
-    except Exception as exc:
-        errors["bf16"] = MT.reason_of(exc)
-    # ours and Marlin held against the reference once before anything is timed
-    (ids, w), = MT.routings(s, SANITY_TOKENS, 1, dev, seed=SEED)
-    x = torch.randn(SANITY_TOKENS, s.hidden, device=dev).to(torch.bfloat16)
-    ref = moe.moe_reference(x, ids, w, **tensors, routed_scaling_factor=s.routed_scaling)
-    for b in ("ours", "marlin"):
-        if b in ops:
-            try:
-                wb = MT.marlin_weights([(ids, w)], s)[0][1] if b == "marlin" else w
-                why = _sanity(ops[b], x, ids, wb, ref)
-            except Exception as exc:
-                why = MT.reason_of(exc)
-            if why:
-                errors[b] = why
-                del ops[b]
-    if "ours" not in ops:
-        raise RuntimeError(f"{s.name}: ours failed its check against the reference: {errors['ours']}")
+    packed, ops, errors = MT.setup(s, ("marlin", "bf16"), dev, seed=SEED)
     for b, why in errors.items():
         log(f"  {s.name}: {b} not timed: {why}")
     rows = []
     for t in tokens:
-        n_ops = MT.ops_needed(s, t, per_expert, l2)
-        routes = MT.routings(s, t, n_ops, dev, seed=SEED + 1)
-        x = torch.randn(t, s.hidden, device=dev).to(torch.bfloat16)
-        hit = sum(MT.distinct_local(i, s.experts) for i, _ in routes) / len(routes)
-        r = {"shape": s.name, "tokens": t, "ops": n_ops, "experts_hit_mean": round(hit, 2),
-             "weight_bytes": int(hit * per_expert), "bf16_weight_bytes": int(hit * per_expert_bf16),
-             "expert_weight_bytes": per_expert}
-        # as bench_fp4_gemm.py: the pair the targets compare, Marlin and ours, each timed right after
-        # a bf16 graph: bf16, Marlin, bf16 again, ours
-        plan = [("bf16", routes), ("marlin", MT.marlin_weights(routes, s)), ("bf16_repeat", routes), ("ours", routes)]
-        for key, rt in plan:
-            b = "bf16" if key == "bf16_repeat" else key
-            if b not in ops:
-                r[f"{b}_us"], r[f"{b}_missing"] = None, errors.get(b, "not available")
-                continue
-            try:
-                r[f"{key}_us"] = round(MT.time_backend(ops[b], x, rt, reps), 3)
-            except Exception as exc:
-                if b == "ours":
-                    raise
-                r[f"{key}_us"], r[f"{b}_missing"] = None, MT.reason_of(exc)
-                log(f"  {s.name} T={t}: {b} failed: {r[f'{b}_missing']}")
-        set_ratios(r, copy_bw)
+        cell = MT.time_row(s, t, ops, ORDER, packed.expert_weight_bytes(), l2, reps, dev, seed=SEED + 1)
+        r = flat_row(cell, s, copy_bw, errors)
+        r["expert_weight_bytes"] = packed.expert_weight_bytes()
         rows.append(r)
-        log(f"  {s.name:10s} T={t:5d} experts {hit:6.1f}  ours {r['ours_us']:8.2f} us ({r['ours_bw_pct']:5.1f}% BW)  "
+        log(f"  {s.name:10s} T={t:5d} experts {r['experts_hit_mean']:6.1f}  ours {r['ours_us']:8.2f} us "
+            f"({r['ours_bw_pct']:5.1f}% BW)  "
             + (f"marlin {r['marlin_us']:8.2f} us x{r['speedup_vs_marlin']:.2f}  " if r.get("marlin_us") else "marlin n/a  ")
             + (f"bf16 {r['bf16_us']:8.2f} us x{r['speedup_vs_bf16']:.2f}" if r.get("bf16_us") else "bf16 n/a"))
-    del ops, packed, tensors
+    del ops, packed
     torch.cuda.empty_cache()
     return rows, errors
 

@@ -153,3 +153,17 @@ def test_marlin_layer_carries_what_upstreams_prepare_reads_and_the_call_what_its
     assert seen["info"].global_num_experts == 16 and seen["info"].expert_map[:4].tolist() == [0, 1, 2, 3]
     assert seen["config"].routed_scaling_factor is None and seen["topk"].topk_ids is ids
     assert tuple(seen["topk"].router_logits.shape) == (5, 16)
+
+
+def test_flat_row_from_a_timed_cell(bench):
+    from sglang.sm120.model_shapes import moe_shape
+
+    cell = {"shape": "qwen3-30b", "tokens": 4, "ops": 8, "experts_hit_mean": 8.0, "weight_bytes": 8 * 2_654_208,
+            "us": {"bf16": 40.0, "bf16_repeat": 41.0, "sm120": 10.0}, "failed": {"marlin": "RuntimeError: boom"}}
+    r = bench.flat_row(cell, moe_shape("qwen3-30b"), 4e12, {})
+    assert (r["ours_us"], r["bf16_us"], r["bf16_repeat_us"], r["marlin_us"]) == (10.0, 40.0, 41.0, None)
+    assert r["marlin_missing"] == "RuntimeError: boom" and "bf16_missing" not in r
+    assert r["bf16_weight_bytes"] == 8 * 3 * 2048 * 768 * 2 and r["speedup_vs_bf16"] == 4.0
+    r = bench.flat_row({**cell, "us": {"sm120": 10.0}, "failed": {}}, moe_shape("qwen3-30b"), 4e12,
+                       {"bf16": "ImportError: triton"})
+    assert r["bf16_missing"] == "ImportError: triton" and r["marlin_missing"] == "not available"

@@ -175,3 +175,73 @@ def time_backend(op: Callable, x: torch.Tensor, routes: Sequence[Tuple[torch.Ten
     from .gemm_timing import time_ops
 
     return time_ops([lambda i=i, w=w: op(x, i, w) for i, w in routes], reps)
+
+
+SANITY_TOKENS = 16
+SANITY_REL_ERR = 0.05  # a backend this far off the reference (norm-wise) computes something else
+BUILDERS = {"marlin": lambda tensors, shape, dev: marlin_moe_op(load_marlin_moe(), tensors, shape, dev),
+            "bf16": lambda tensors, shape, dev: triton_bf16_op(shape, dev)}
+
+
+def setup(shape, backends: Sequence[str], device, seed: int = 0):
+    """(packed experts, {name: op}, {name: why not}) for ours ("sm120") and the named upstream
+    backends (BUILDERS) on synthetic experts of `shape` (gate and up sharing one global scale);
+    ours and Marlin are held against moe_reference at SANITY_TOKENS tokens before anything is
+    timed (bf16 runs other weights). A backend that does not import, refuses the GPU or is off
+    the reference is left out with the reason; ours failing raises."""
+    from sglang.sm120 import kernels as K
+    from sglang.sm120.kernels import moe
+
+    tensors = shared_gate_up_scale(moe.synthetic_experts(shape.experts, shape.hidden, shape.inter, device, seed=seed))
+    packed = K.pack_experts(**tensors)
+    ops, errors = {"sm120": ours_op(packed, shape)}, {}
+    for b in backends:
+        try:
+            ops[b] = BUILDERS[b](tensors, shape, device)
+        except Exception as exc:  # ImportError, or upstream refusing this GPU / these shapes
+            errors[b] = reason_of(exc)
+    (ids, w), = routings(shape, SANITY_TOKENS, 1, device, seed=seed)
+    g = torch.Generator(device=device).manual_seed(seed)
+    x = torch.randn(SANITY_TOKENS, shape.hidden, device=device, generator=g).to(torch.bfloat16)
+    ref = moe.moe_reference(x, ids, w, **tensors, routed_scaling_factor=shape.routed_scaling).float()
+    for b in [b for b in ("sm120", "marlin") if b in ops]:
+        try:
+            wb = marlin_weights([(ids, w)], shape)[0][1] if b == "marlin" else w
+            y = ops[b](x, ids, wb).float()
+            rel = float((y - ref).norm() / ref.norm().clamp_min(1e-30))
+            why = None if rel <= SANITY_REL_ERR else f"result off the reference: relative error {rel:.3g} > {SANITY_REL_ERR}"
+        except Exception as exc:
+            why = reason_of(exc)
+        if why:
+            errors[b] = why
+            del ops[b]
+    if "sm120" not in ops:
+        raise RuntimeError(f"{shape.name}: moe_w4a16 is off its reference: {errors['sm120']}")
+    del tensors
+    return packed, ops, errors
+
+
+def time_row(shape, tokens: int, ops: dict, order: Sequence[str], expert_bytes: int, l2: int, reps: int,
+             device, seed: int = 1) -> dict:
+    """One (shape, tokens) cell: each backend of `order` timed in that order over one chain of
+    routings (a name ending in "_repeat" times that backend again). {tokens, ops, experts_hit_mean,
+    weight_bytes, us: {name: us}, failed: {name: why}}; ours ("sm120") failing raises."""
+    n_ops = ops_needed(shape, tokens, expert_bytes, l2)
+    routes = routings(shape, tokens, n_ops, device, seed=seed)
+    g = torch.Generator(device=device).manual_seed(seed + tokens)
+    x = torch.randn(tokens, shape.hidden, device=device, generator=g).to(torch.bfloat16)
+    hit = sum(distinct_local(i, shape.experts) for i, _ in routes) / len(routes)
+    row = {"shape": shape.name, "tokens": tokens, "ops": n_ops, "experts_hit_mean": round(hit, 2),
+           "weight_bytes": int(hit * expert_bytes), "us": {}, "failed": {}}
+    for key in order:
+        b = key[: -len("_repeat")] if key.endswith("_repeat") else key
+        if b not in ops or b in row["failed"]:
+            continue
+        try:
+            rt = marlin_weights(routes, shape) if b == "marlin" else routes
+            row["us"][key] = round(time_backend(ops[b], x, rt, reps), 3)
+        except Exception as exc:
+            if b == "sm120":
+                raise
+            row["failed"][b] = reason_of(exc)
+    return row
