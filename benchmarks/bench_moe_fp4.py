@@ -13,8 +13,11 @@ Each is a whole MoE layer call, timed by sglang.sm120.check.gemm_timing.time_ops
 CUDA-graph replays of a chain of calls with different routings, whose weights exceed 2.5x L2;
 sglang.sm120.check.moe_timing). Per cell: us, speedup vs Marlin and bf16, and ours' GB/s and % of
 the device-to-device copy bandwidth (measured in the same run) on the weight bytes actually read:
-distinct local experts hit x PackedExperts.expert_weight_bytes(). Targets per shape set: geomean
-speedup vs Marlin >= 1.3 over tokens 1-256, and >= 1.0 at every size.
+distinct local experts hit x PackedExperts.expert_weight_bytes() (bf16's own bytes for bf16).
+Gate and up share one global scale per expert (Marlin keeps one), so ours and Marlin compute the
+same function; both are held against moe_reference before anything is timed, and a backend that
+does not import, fails or is off the reference is recorded as missing with the reason. Targets
+per shape set: geomean speedup vs Marlin >= 1.3 over tokens 1-256, and >= 1.0 at every size.
 
 Writes RESULTS/moe-fp4-h200.json and .md (RESULTS = --results-dir, default benchmarks/results/;
 copies them and the log to $OUT when set). sglang.sm120 is the installed fork's; the kernel
