@@ -359,3 +359,51 @@ def test_moe_stage_shape_sets_upstream_choice_and_summary():
     s = moe_check.summarize(rows, "marlin")
     assert s["x_marlin_geomean"] == 1.0 and s["x_marlin_min"] == 0.5 and s["upstream_choice"] == "marlin"
     assert s["per_shape"]["a"]["x_marlin_geomean"] == 1.0 and s["per_shape"]["b"]["x_marlin_geomean"] is None
+
+
+def test_moe_stage_run_assembles_checks_rows_and_backends(monkeypatch):
+    """moe_check.run with stand-ins for the GPU parts (device queries, the kernel checks, the timed
+    cells): every shape set of the family checked and timed at the quick sizes, Marlin's failure on
+    one shape set reported with its reason, upstream's SM120 choice listed as not timed, and one
+    failed check failing the stage."""
+    import types
+
+    import torch
+
+    from sglang.sm120.check import gemm_timing, moe_timing
+
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (12, 0))
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda *a: types.SimpleNamespace(L2_cache_size=96 << 20))
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    monkeypatch.setattr(gemm_timing, "copy_bandwidth", lambda log: (4e12, {"memcpy": 4.0}))
+    checked = []
+
+    def correctness(shape, tokens, log):
+        checked.append((shape.name, tuple(tokens)))
+        return [{"name": f"moe {shape.name} T={t}", "ok": not (shape.name == "glm5-ep8" and t == 17), "detail": "d"}
+                for t in tokens]
+
+    def setup(shape, backends, dev, seed=0):
+        packed = types.SimpleNamespace(expert_weight_bytes=lambda: 1000)
+        ops = {"sm120": None, **({} if shape.name == "glm5-ep8" else {"marlin": None})}
+        return packed, ops, ({"marlin": "RuntimeError: no EP"} if shape.name == "glm5-ep8" else {})
+
+    def time_row(shape, tokens, ops, order, expert_bytes, l2, reps, dev, seed=1):
+        assert order == ("marlin", "sm120") and l2 == 96 << 20
+        return {"shape": shape.name, "tokens": tokens, "ops": 2, "experts_hit_mean": 8.0, "weight_bytes": 8000,
+                "us": {b: 10.0 if b == "sm120" else 15.0 for b in ops}, "failed": {}}
+
+    monkeypatch.setattr(moe_check, "correctness", correctness)
+    monkeypatch.setattr(moe_timing, "setup", setup)
+    monkeypatch.setattr(moe_timing, "time_row", time_row)
+    res = moe_check.run("glm5", True, 7, lambda m: None)
+    assert checked == [("glm5-tp8", moe_check.QUICK_TOKENS), ("glm5-ep8", moe_check.QUICK_TOKENS)]
+    assert res["status"] == "fail" and "first failure: moe glm5-ep8 T=17" in res["detail"]
+    assert {(r["shape"], r["tokens"]) for r in res["rows"]} == {
+        (s, t) for s in ("glm5-tp8", "glm5-ep8") for t in moe_check.QUICK_TIMING_TOKENS}
+    assert res["upstream_choice"] == "flashinfer_cutlass"
+    assert res["backends"]["marlin"] == {"available": True, "reason": None,
+                                         "failed_shapes": {"RuntimeError: no EP": ["glm5-ep8"]}}
+    assert res["backends"]["flashinfer_cutlass"]["reason"] == moe_check.NOT_TIMED["flashinfer_cutlass"]
+    assert res["summary"]["x_marlin_geomean"] == 1.5 and res["summary"]["per_shape"]["glm5-ep8"]["x_marlin_geomean"] is None
