@@ -348,7 +348,8 @@ def test_moe_stage_shape_sets_upstream_choice_and_summary():
     assert [s.name for s in moe_check.shape_sets("glm5")] == ["glm5-tp8", "glm5-ep8"]
     assert [s.name for s in moe_check.shape_sets("qwen3")] == ["qwen3-30b"]
     assert moe_check.upstream_choice((9, 0)) == "marlin" and moe_check.upstream_choice((8, 9)) == "marlin"
-    assert moe_check.upstream_choice((12, 0)) == moe_check.upstream_choice((10, 0)) == "flashinfer_cutlass"
+    assert moe_check.upstream_choice((12, 0)) == moe_check.upstream_choice((12, 1)) == "flashinfer_cutlass"
+    assert moe_check.upstream_choice((10, 0)) == "flashinfer_trtllm"
     assert moe_check.upstream_choice((7, 5)) is None
     assert moe_check.timed_backends(True) == ("marlin",) and "bf16" in moe_check.timed_backends(False)
     assert set(moe_check.QUICK_TOKENS) <= set(moe_check.TOKENS) and max(moe_check.TOKENS) == 1024

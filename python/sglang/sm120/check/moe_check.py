@@ -6,9 +6,9 @@ Correctness (decides the stage, and so the exit code): per shape set and token c
 synthetic routing (expert parallelism's ids over the global experts for glm5-ep8), within
 sglang.sm120.moe_tolerance; plus one routing that leaves most experts without rows.
 
-Timing (informative): upstream's NVFP4 MoE on this GPU is FlashInfer's CUTLASS MoE on SM100 and up
-(SM120 included) and Marlin on SM80-SM90 (ModelOptNvFp4FusedMoEMethod's choice with the auto MoE
-backend). The check times Marlin, upstream's W4A16 NVFP4 MoE, wherever it runs; FlashInfer's
+Timing (informative): upstream's NVFP4 MoE backend under --moe-runner-backend auto for ModelOpt
+checkpoints (0.5.16's arg_groups/overrides.py) is Marlin on SM80-SM90, FlashInfer's TRT-LLM MoE on
+SM100 and FlashInfer's CUTLASS MoE otherwise (SM120 included). The check times Marlin, upstream's W4A16 NVFP4 MoE, wherever it runs; FlashInfer's
 CUTLASS MoE needs upstream's whole FusedMoE layer (dispatcher, input scales) and is not timed yet:
 the report says so, and which backend upstream would pick.
 """
@@ -22,8 +22,9 @@ QUICK_TOKENS = (1, 17, 256)
 TIMING_TOKENS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 QUICK_TIMING_TOKENS = (1, 16, 128)
 OURS = "sm120"
-NOT_TIMED = {"flashinfer_cutlass": "FlashInfer's CUTLASS MoE is set up by upstream's FusedMoE layer (dispatcher, "
-                                   "activation scales), which this check does not build yet"}
+NOT_TIMED = {b: f"FlashInfer's {what} MoE is set up by upstream's FusedMoE layer (dispatcher, activation "
+                "scales), which this check does not build yet"
+             for b, what in (("flashinfer_cutlass", "CUTLASS"), ("flashinfer_trtllm", "TRT-LLM"))}
 
 
 def shape_sets(family: str) -> list:
@@ -35,11 +36,12 @@ def shape_sets(family: str) -> list:
 
 def upstream_choice(capability: Tuple[int, int]) -> Optional[str]:
     """upstream's NVFP4 MoE backend under --moe-runner-backend auto on this GPU (None: none runs)."""
-    if (8, 0) <= tuple(capability) < (10, 0):
+    cap = tuple(capability)
+    if (8, 0) <= cap < (10, 0):
         return "marlin"
-    if tuple(capability) >= (10, 0):
-        return "flashinfer_cutlass"
-    return None
+    if (10, 0) <= cap < (11, 0):
+        return "flashinfer_trtllm"
+    return "flashinfer_cutlass" if cap >= (11, 0) else None
 
 
 def timed_backends(quick: bool) -> Tuple[str, ...]:
