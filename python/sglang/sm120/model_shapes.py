@@ -2,7 +2,8 @@
 kernel tests and benchmarks. N of column-parallel and K of row-parallel layers are divided by TP."""
 from __future__ import annotations
 
-from typing import List, Tuple
+from dataclasses import dataclass
+from typing import List, Optional, Tuple
 
 
 def projection_shapes(tps=(1, 4, 8)) -> List[Tuple[str, int, int]]:
@@ -19,6 +20,50 @@ def projection_shapes(tps=(1, 4, 8)) -> List[Tuple[str, int, int]]:
             (f"glm5 shared down tp{tp}", 6144, 2048 // tp),
         ]
     return out
+
+
+@dataclass(frozen=True)
+class MoeShape:
+    """The routed experts one GPU holds: `experts` local experts of hidden size `hidden` and
+    intermediate size `inter` (gate_up N = 2 * inter, K = hidden; down N = hidden, K = inter), top-k
+    routing over `global_experts` (more than `experts` under expert parallelism: ids outside
+    [0, experts) belong to other ranks)."""
+
+    name: str
+    experts: int
+    hidden: int
+    inter: int
+    topk: int = 8
+    global_experts: Optional[int] = None
+    routed_scaling: float = 1.0
+
+    @property
+    def routed_over(self) -> int:
+        return self.global_experts or self.experts
+
+    def fp4_bytes_per_expert(self) -> int:
+        """NVFP4 weight bytes of one expert: e2m1 (half a byte) + one e4m3 scale per 16 values."""
+        return 3 * self.hidden * self.inter * 9 // 16
+
+    def bf16_bytes_per_expert(self) -> int:
+        return 3 * self.hidden * self.inter * 2
+
+
+# GLM-5 (256 experts, hidden 6144, moe_intermediate 2048, routed_scaling 2.5) on one rank of TP 8
+# (each expert's intermediate split 8 ways) and of EP 8 (32 whole experts), and Qwen3-30B-A3B
+# (128 experts, hidden 2048, moe_intermediate 768) on one GPU.
+MOE_SHAPES = (
+    MoeShape("glm5-tp8", experts=256, hidden=6144, inter=2048 // 8, routed_scaling=2.5),
+    MoeShape("glm5-ep8", experts=256 // 8, hidden=6144, inter=2048, global_experts=256, routed_scaling=2.5),
+    MoeShape("qwen3-30b", experts=128, hidden=2048, inter=768),
+)
+
+
+def moe_shape(name: str) -> MoeShape:
+    for s in MOE_SHAPES:
+        if s.name == name:
+            return s
+    raise ValueError(f"unknown MoE shape set {name!r}; known: {', '.join(s.name for s in MOE_SHAPES)}")
 
 
 # config.json of a model with Qwen3-30B-A3B's real shapes (for --load-format dummy runs).

@@ -1,5 +1,6 @@
 """`python -m sglang.sm120 check` without a GPU: CLI parsing, shape selection, stage flow and exit
-codes (with fake stages), targets, report formatting, the layerwise judge and the timing summary."""
+codes (with fake stages), targets, report formatting, the layerwise judge, the timing summary and
+the MoE stage's CPU-side logic."""
 import io
 import json
 import os
@@ -13,7 +14,7 @@ from installed import skip_module_without_sglang  # noqa: E402
 
 skip_module_without_sglang()
 
-from sglang.sm120.check import cli, layerwise, report, timing  # noqa: E402
+from sglang.sm120.check import cli, layerwise, moe_check, report, timing  # noqa: E402
 
 
 def test_defaults_and_options():
@@ -58,6 +59,25 @@ def _correct(ok=True):
     return stage
 
 
+def _moe_rows():
+    rows = [{"shape": "glm5-tp8", "tokens": t, "experts_hit_mean": 8.0, "weight_bytes": 8 * 2_654_208,
+             "us": {"marlin": 30.0, "sm120": 20.0}} for t in (1, 16)]
+    return [moe_check.cell(r, 4e12) for r in rows]
+
+
+def _moe(ok=True, marlin=True):
+    def stage(ctx):
+        results = [{"name": "moe glm5-tp8 T=1", "ok": True, "detail": "rel err 0"},
+                   {"name": "moe glm5-ep8 T=17", "ok": ok, "detail": "3 of 104448 outside tolerance"}]
+        rows = _moe_rows() if marlin else [{**r, "us": {"sm120": 20.0}, "x": {}} for r in _moe_rows()]
+        backends = {"marlin": {"available": marlin, "reason": None if marlin else "ImportError: no sgl_kernel"},
+                    "flashinfer_cutlass": {"available": False, "reason": moe_check.NOT_TIMED["flashinfer_cutlass"]}}
+        return {"status": "pass" if ok else "fail", "results": results, "rows": rows, "backends": backends,
+                "upstream_choice": "flashinfer_cutlass", "copy_bw_tbps": 4.0,
+                "summary": moe_check.summarize(rows, "flashinfer_cutlass")}
+    return stage
+
+
 def _layerwise(ctx):
     return {"status": "pass", "counts": {"identical": 40, "flip": 2, "mismatch": 0}, "detail": "40 identical"}
 
@@ -72,7 +92,7 @@ def _timing(ctx):
                                                                         "reason": "ValueError: require SM100+"}}}
 
 
-FAKES = {"env": _env, "correctness": _correct(), "layerwise": _layerwise, "timing": _timing}
+FAKES = {"env": _env, "correctness": _correct(), "moe": _moe(), "layerwise": _layerwise, "timing": _timing}
 GPU = lambda: (True, "")  # noqa: E731
 
 
@@ -95,7 +115,7 @@ def test_all_pass_exit_0_with_a_progress_line_per_stage_and_reports(tmp_path):
     code, out = _run(["--quick", "--json", str(path)], FAKES)
     assert code == 0 and "RESULT: PASS" in out
     for i, name in enumerate(cli.STAGES, 1):
-        assert f"stage {i}/4: {name}" in out and f"stage {i}/4: {name} PASS" in out
+        assert f"stage {i}/5: {name}" in out and f"stage {i}/5: {name} PASS" in out
     doc = json.loads(path.read_text())
     t = doc["targets"]
     assert t["correctness_all_passed"] == {"value": 0, "target": "0 failures", "met": True, "checks": 2}
@@ -148,22 +168,23 @@ def test_a_slow_timing_stage_does_not_fail_the_check():
 def test_without_the_kernel_library_nothing_else_runs():
     ran = []
     env = lambda ctx: {"status": "error", "error": "sm120 kernel library not loadable: libsm120_kernels.so missing"}  # noqa: E731
-    stages = {"env": env, **{k: (lambda ctx, k=k: ran.append(k)) for k in ("correctness", "layerwise", "timing")}}
+    stages = {"env": env, **{k: (lambda ctx, k=k: ran.append(k)) for k in ("correctness", "moe", "layerwise", "timing")}}
     code, out = _run([], stages)
     assert code == 1 and ran == [] and "libsm120_kernels.so missing" in out
 
 
 def test_skipped_stages_are_recorded_and_not_run(tmp_path):
     path = tmp_path / "r.json"
-    code, out = _run(["--skip", "layerwise", "--skip", "timing", "--json", str(path)], FAKES)
+    code, out = _run(["--skip", "moe", "--skip", "layerwise", "--skip", "timing", "--json", str(path)], FAKES)
     assert code == 0 and "stage 2/2: correctness PASS" in out
     doc = json.loads(path.read_text())
     assert doc["stages"]["layerwise"] == {"status": "skipped"} and "decode_speedup_vs_bf16_geomean" not in doc["targets"]
+    assert doc["stages"]["moe"] == {"status": "skipped"} and not any(k.startswith("moe_") for k in doc["targets"])
 
 
 def test_fault_injection_is_announced_and_a_bad_value_refused(env_value, capsys):
     env_value("SGLANG_SM120_FAULT_INJECT", "gemm")
-    code, out = _run(["--skip", "layerwise", "--skip", "timing"], FAKES)
+    code, out = _run(["--skip", "moe", "--skip", "layerwise", "--skip", "timing"], FAKES)
     assert "FAULT INJECTION ON (SGLANG_SM120_FAULT_INJECT=gemm)" in out
     env_value("SGLANG_SM120_FAULT_INJECT", "everything")
     code, _ = _run([], FAKES)
@@ -294,3 +315,96 @@ def test_layerwise_engine_over_its_limit_is_stopped_with_a_clear_error(tmp_path,
     doc = layerwise._run_worker(tmp_path / "m", "layerwise", tmp_path / "p.json", tmp_path / "o.json",
                                 layerwise.QUICK_GRID, 1.0, lambda s: None)
     assert doc == {"error": "layerwise engine did not finish in 1 s"} and time.time() - t0 < 10
+
+
+def test_the_moe_stage_in_targets_report_and_table(tmp_path):
+    path = tmp_path / "r.json"
+    code, out = _run(["--json", str(path)], FAKES)
+    assert code == 0
+    t = json.loads(path.read_text())["targets"]
+    assert t["moe_correctness_all_passed"] == {"value": 0, "target": "0 failures", "met": True, "checks": 2}
+    assert t["moe_speedup_vs_upstream_marlin_geomean"]["value"] == 1.5 and t["moe_speedup_vs_upstream_marlin_geomean"]["met"]
+    # the text table and the markdown: ours, Marlin with x, % copy BW on the bytes of the experts hit
+    assert "MoE shapes" in out and "30.00 (x1.50)" in out and "MoE flashinfer_cutlass: unavailable: FlashInfer" in out
+    bw = 100 * 8 * 2_654_208 / 20e-6 / 4e12
+    assert f"{bw:.1f}" in out
+    md = path.with_suffix(".md").read_text()
+    assert "## MoE timing" in md and "| glm5-tp8 | 1 | 8.0 | 20.00 | 30.00 (x1.50) |" in md
+    assert "flashinfer_cutlass: unavailable: FlashInfer's CUTLASS MoE" in md
+
+
+def test_a_moe_failure_exits_1_and_marlin_missing_is_a_miss_with_the_reason(tmp_path):
+    path = tmp_path / "r.json"
+    code, out = _run(["--json", str(path)], {**FAKES, "moe": _moe(ok=False)})
+    assert code == 1 and "FAILED moe glm5-ep8 T=17: 3 of 104448 outside tolerance" in out
+    assert json.loads(path.read_text())["targets"]["moe_correctness_all_passed"]["met"] is False
+    code, out = _run(["--json", str(path)], {**FAKES, "moe": _moe(marlin=False)})
+    t = json.loads(path.read_text())["targets"]["moe_speedup_vs_upstream_marlin_geomean"]
+    assert code == 0 and t["value"] is None and not t["met"] and t["missing"] == "ImportError: no sgl_kernel"
+
+
+def test_moe_stage_shape_sets_upstream_choice_and_summary():
+    assert [s.name for s in moe_check.shape_sets("all")] == ["glm5-tp8", "glm5-ep8", "qwen3-30b"]
+    assert [s.name for s in moe_check.shape_sets("glm5")] == ["glm5-tp8", "glm5-ep8"]
+    assert [s.name for s in moe_check.shape_sets("qwen3")] == ["qwen3-30b"]
+    assert moe_check.upstream_choice((9, 0)) == "marlin" and moe_check.upstream_choice((8, 9)) == "marlin"
+    assert moe_check.upstream_choice((12, 0)) == moe_check.upstream_choice((12, 1)) == "flashinfer_cutlass"
+    assert moe_check.upstream_choice((10, 0)) == "flashinfer_trtllm"
+    assert moe_check.upstream_choice((7, 5)) is None
+    assert moe_check.timed_backends(True) == ("marlin",) and "bf16" in moe_check.timed_backends(False)
+    assert set(moe_check.QUICK_TOKENS) <= set(moe_check.TOKENS) and max(moe_check.TOKENS) == 1024
+    rows = [moe_check.cell({"shape": s, "tokens": 1, "weight_bytes": 1e6, "us": us}, 4e12) for s, us in
+            (("a", {"sm120": 10.0, "marlin": 20.0}), ("a", {"sm120": 10.0, "marlin": 5.0}),
+             ("b", {"sm120": 10.0}))]
+    assert rows[0]["x"] == {"marlin": 2.0} and rows[2]["x"] == {} and rows[0]["bw_pct"]["sm120"] == 2.5
+    s = moe_check.summarize(rows, "marlin")
+    assert s["x_marlin_geomean"] == 1.0 and s["x_marlin_min"] == 0.5 and s["upstream_choice"] == "marlin"
+    assert s["per_shape"]["a"]["x_marlin_geomean"] == 1.0 and s["per_shape"]["b"]["x_marlin_geomean"] is None
+
+
+def test_moe_stage_run_assembles_checks_rows_and_backends(monkeypatch):
+    """moe_check.run with stand-ins for the GPU parts (device queries, the kernel checks, the timed
+    cells): every shape set of the family checked and timed at the quick sizes, Marlin's failure on
+    one shape set reported with its reason, upstream's SM120 choice listed as not timed, and one
+    failed check failing the stage."""
+    import types
+
+    import torch
+
+    from sglang.sm120.check import gemm_timing, moe_timing
+
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (12, 0))
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda *a: types.SimpleNamespace(L2_cache_size=96 << 20))
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    monkeypatch.setattr(gemm_timing, "copy_bandwidth", lambda log: (4e12, {"memcpy": 4.0}))
+    checked = []
+
+    def correctness(shape, tokens, log):
+        checked.append((shape.name, tuple(tokens)))
+        return [{"name": f"moe {shape.name} T={t}", "ok": not (shape.name == "glm5-ep8" and t == 17), "detail": "d"}
+                for t in tokens]
+
+    def setup(shape, backends, dev, seed=0):
+        packed = types.SimpleNamespace(expert_weight_bytes=lambda: 1000)
+        ops = {"sm120": None, **({} if shape.name == "glm5-ep8" else {"marlin": None})}
+        return packed, ops, ({"marlin": "RuntimeError: no EP"} if shape.name == "glm5-ep8" else {})
+
+    def time_row(shape, tokens, ops, order, expert_bytes, l2, reps, dev, seed=1):
+        assert order == ("marlin", "sm120") and l2 == 96 << 20
+        return {"shape": shape.name, "tokens": tokens, "ops": 2, "experts_hit_mean": 8.0, "weight_bytes": 8000,
+                "us": {b: 10.0 if b == "sm120" else 15.0 for b in ops}, "failed": {}}
+
+    monkeypatch.setattr(moe_check, "correctness", correctness)
+    monkeypatch.setattr(moe_timing, "setup", setup)
+    monkeypatch.setattr(moe_timing, "time_row", time_row)
+    res = moe_check.run("glm5", True, 7, lambda m: None)
+    assert checked == [("glm5-tp8", moe_check.QUICK_TOKENS), ("glm5-ep8", moe_check.QUICK_TOKENS)]
+    assert res["status"] == "fail" and "first failure: moe glm5-ep8 T=17" in res["detail"]
+    assert {(r["shape"], r["tokens"]) for r in res["rows"]} == {
+        (s, t) for s in ("glm5-tp8", "glm5-ep8") for t in moe_check.QUICK_TIMING_TOKENS}
+    assert res["upstream_choice"] == "flashinfer_cutlass"
+    assert res["backends"]["marlin"] == {"available": True, "reason": None,
+                                         "failed_shapes": {"RuntimeError: no EP": ["glm5-ep8"]}}
+    assert res["backends"]["flashinfer_cutlass"]["reason"] == moe_check.NOT_TIMED["flashinfer_cutlass"]
+    assert res["summary"]["x_marlin_geomean"] == 1.5 and res["summary"]["per_shape"]["glm5-ep8"]["x_marlin_geomean"] is None

@@ -1,7 +1,7 @@
 """python -m sglang.sm120 check [--quick] [--json FILE] [--shapes glm5|qwen3|all] [--tp N]
 
 Proves the fork correct and measures it on this GPU (docs/sm120-check.md). Stages, each with a
-progress line: env, correctness, layerwise, timing. Exit code: 0 all correctness checks passed,
+progress line: env, correctness, moe, layerwise, timing. Exit code: 0 all correctness checks passed,
 1 a correctness failure or a stage that could not run, 2 no CUDA GPU (or bad arguments).
 """
 from __future__ import annotations
@@ -21,7 +21,7 @@ from sglang.sm120 import settings
 
 from . import report
 
-STAGES = ("env", "correctness", "layerwise", "timing")
+STAGES = ("env", "correctness", "moe", "layerwise", "timing")
 FAMILIES = {"glm5": ("glm5",), "qwen3": ("qwen3",), "all": ("glm5", "qwen3")}
 TPS = (1, 2, 4, 8)
 DEFAULT_TPS = (1, 4, 8)
@@ -41,7 +41,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     ap.add_argument("--json", type=Path, metavar="FILE",
                     help="write the report as JSON to FILE, and as markdown beside it (FILE with .md)")
     ap.add_argument("--shapes", default="all", choices=sorted(FAMILIES),
-                    help="linear-layer shapes of which model: glm5 (GLM-5), qwen3 (Qwen3-30B-A3B) or all")
+                    help="linear-layer and MoE shapes of which model: glm5 (GLM-5), qwen3 (Qwen3-30B-A3B) or all")
     ap.add_argument("--tp", type=int, choices=TPS,
                     help="tensor-parallel size whose per-GPU shapes to use (default: 1, 4 and 8)")
     ap.add_argument("--skip", action="append", default=[], choices=[s for s in STAGES if s != "env"],
@@ -128,6 +128,12 @@ def stage_correctness(ctx) -> Dict:
                       + (f"; first failure: {bad[0]['name']}: {bad[0]['detail']}" if bad else "")}
 
 
+def stage_moe(ctx) -> Dict:
+    from . import moe_check
+
+    return moe_check.run(ctx.args.shapes, ctx.args.quick, 7 if ctx.args.quick else 15, ctx.log)
+
+
 def stage_layerwise(ctx) -> Dict:
     from . import layerwise as LW
 
@@ -154,7 +160,7 @@ def stage_timing(ctx) -> Dict:
     return res
 
 
-DEFAULT_STAGES: Dict[str, Callable] = {"env": stage_env, "correctness": stage_correctness,
+DEFAULT_STAGES: Dict[str, Callable] = {"env": stage_env, "correctness": stage_correctness, "moe": stage_moe,
                                        "layerwise": stage_layerwise, "timing": stage_timing}
 
 
@@ -219,6 +225,13 @@ def main(argv: Optional[Sequence[str]] = None, *, stages: Optional[Dict[str, Cal
     result["targets"] = report.targets(result)
     result["exit_code"] = code = report.exit_code(result)
     result["log"] = log.lines
+    mo = result["stages"].get("moe", {})
+    if mo.get("rows"):
+        print("", file=out)
+        for line in report.moe_table(mo):
+            print(line, file=out)
+        for b, why in (report.unavailable(result, "moe") or {}).items():
+            print(f"  MoE {b}: unavailable: {why}", file=out)
     tm = result["stages"].get("timing", {})
     if tm.get("rows"):
         print("", file=out)

@@ -12,7 +12,8 @@ QUICK_LIMIT_S = 180.0
 SELF_CHECK_LIMIT_S = 1.0
 VS_BEST_UPSTREAM = 1.0
 VS_BF16 = 2.0
-CORRECTNESS_STAGES = ("correctness", "layerwise")
+MOE_VS_UPSTREAM = 1.0
+CORRECTNESS_STAGES = ("correctness", "moe", "layerwise")
 EXIT_OK, EXIT_FAIL, EXIT_NO_GPU = 0, 1, 2
 
 
@@ -33,6 +34,18 @@ def targets(result: Dict) -> Dict:
                                                        sc["ok"] and sc["seconds"] < SELF_CHECK_LIMIT_S)
     else:
         out["correctness_all_passed"] = _target(None, "0 failures", False, status=corr.get("status", "not run"))
+    mo = st.get("moe", {})
+    if mo.get("status") in ("pass", "fail"):
+        n_bad = sum(not r["ok"] for r in mo.get("results", []))
+        out["moe_correctness_all_passed"] = _target(n_bad, "0 failures", n_bad == 0, checks=len(mo.get("results", [])))
+        v = (mo.get("summary") or {}).get("x_marlin_geomean")
+        out["moe_speedup_vs_upstream_marlin_geomean"] = _target(
+            v, f">= {MOE_VS_UPSTREAM:g}", v is not None and v >= MOE_VS_UPSTREAM,
+            **({"upstream_choice": mo.get("upstream_choice")} if v is not None else
+               {"missing": ((mo.get("backends") or {}).get("marlin") or {}).get("reason") or "Marlin MoE not timed",
+                "upstream_choice": mo.get("upstream_choice")}))
+    elif mo.get("status") != "skipped":
+        out["moe_correctness_all_passed"] = _target(None, "0 failures", False, status=mo.get("status", "not run"))
     lw = st.get("layerwise", {})
     if lw.get("status") in ("pass", "fail"):
         out["layerwise_agrees_with_graphs_disabled"] = _target(
@@ -86,6 +99,26 @@ def timing_table(timing: Dict, markdown: bool = False) -> List[str]:
             cells.append("-" if t is None else (f"{t:.2f}" if c == "sm120" else f"{t:.2f} (x{r['x'].get(c, 0):.2f})"))
         cells.append(_fmt(r["bw_pct"].get("sm120"), 1))
         rows.append(cells)
+    return _table(head, rows, markdown)
+
+
+def moe_table(moe: Dict, markdown: bool = False) -> List[str]:
+    """The MoE stage's timing rows: ours, then each backend timed, with x = its time / ours."""
+    cols = ["sm120"] + sorted({b for r in moe.get("rows", []) for b in r["us"]} - {"sm120"})
+    head = ["MoE shapes", "tokens", "experts hit"] + [f"{c} us" + ("" if c == "sm120" else " (x)") for c in cols] + [
+        "sm120 % copy BW"]
+    rows = []
+    for r in moe.get("rows", []):
+        cells = [r["shape"], str(r["tokens"]), f"{r['experts_hit_mean']:.1f}"]
+        for c in cols:
+            t = r["us"].get(c)
+            cells.append("-" if t is None else (f"{t:.2f}" if c == "sm120" else f"{t:.2f} (x{r['x'].get(c, 0):.2f})"))
+        cells.append(_fmt(r.get("bw_pct", {}).get("sm120"), 1))
+        rows.append(cells)
+    return _table(head, rows, markdown)
+
+
+def _table(head: List[str], rows: List[List[str]], markdown: bool) -> List[str]:
     if markdown:
         return ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)] + ["| " + " | ".join(c) + " |" for c in rows]
     widths = [max(len(h), *(len(c[i]) for c in rows)) if rows else len(h) for i, h in enumerate(head)]
@@ -95,12 +128,12 @@ def timing_table(timing: Dict, markdown: bool = False) -> List[str]:
 
 def failures(result: Dict, limit: int = 20) -> List[str]:
     out = []
-    corr = result.get("stages", {}).get("correctness", {})
-    for r in corr.get("results", []):
-        if not r["ok"]:
-            out.append(f"{r['name']}: {r['detail']}")
+    for stage_name in ("correctness", "moe"):
+        for r in result.get("stages", {}).get(stage_name, {}).get("results", []):
+            if not r["ok"]:
+                out.append(f"{r['name']}: {r['detail']}")
     for name, stage in result.get("stages", {}).items():
-        if stage.get("status") in ("fail", "error") and name != "correctness":
+        if stage.get("status") in ("fail", "error") and name not in ("correctness", "moe"):
             out.append(f"{name}: {stage.get('detail') or stage.get('error')}")
         elif stage.get("status") == "error":
             out.append(f"{name}: {stage.get('error')}")
@@ -128,6 +161,17 @@ def markdown(result: Dict) -> str:
     bad = failures(result)
     if bad:
         L += ["", "## Failures", ""] + [f"- {b}" for b in bad]
+    mo = result.get("stages", {}).get("moe", {})
+    if mo.get("rows"):
+        L += ["", "## MoE timing", "",
+              f"Microseconds per MoE layer call (grouped NVFP4 W4A16 MoE, top-8; median of CUDA-graph replays over "
+              f"routings whose expert weights exceed 2.5x L2); (x) = that backend's time / sm120's; % copy BW on the "
+              f"weight bytes of the experts a call hits, against {mo.get('copy_bw_tbps')} TB/s measured in this run. "
+              f"Upstream's NVFP4 MoE backend on this GPU: {mo.get('upstream_choice')}.", ""]
+        L += moe_table(mo, markdown=True)
+        L += ["", "MoE backends:", ""]
+        for b, info in (mo.get("backends") or {}).items():
+            L.append(f"- {b}: {'timed' if info['available'] else 'unavailable: ' + str(info['reason'])}")
     tm = result.get("stages", {}).get("timing", {})
     if tm.get("rows"):
         L += ["", "## Timing", "",
@@ -151,6 +195,6 @@ def summary_lines(result: Dict) -> List[str]:
     return L
 
 
-def unavailable(result: Dict) -> Optional[Dict]:
-    tm = result.get("stages", {}).get("timing", {})
+def unavailable(result: Dict, stage: str = "timing") -> Optional[Dict]:
+    tm = result.get("stages", {}).get(stage, {})
     return {b: i["reason"] for b, i in (tm.get("backends") or {}).items() if not i["available"]} or None

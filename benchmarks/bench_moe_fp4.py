@@ -1,0 +1,269 @@
+"""Grouped NVFP4 W4A16 MoE (ours) against upstream's NVFP4 Marlin MoE and bf16 Triton fused MoE.
+
+    python3 benchmarks/bench_moe_fp4.py [--shapes glm5-tp8,...] [--tokens 1,2,...] [--results-dir DIR]
+    python3 benchmarks/bench_moe_fp4.py --plan      # the cases, one JSON line each; no GPU needed
+
+One run times, per MoE shape set of sglang.sm120.model_shapes.MOE_SHAPES (GLM-5 one rank of TP 8 and
+of EP 8, Qwen3-30B-A3B) and tokens 1..1024, top-8, synthetic_routing:
+  - ours: sglang.sm120.kernels.moe_w4a16 on pack_experts' layout;
+  - Marlin: upstream's NVFP4 MoE as ModelOptNvFp4FusedMoEMethod runs it on SM80-SM90
+    (prepare_moe_nvfp4_layer_for_marlin, then the Marlin MoE runner's fused function);
+  - bf16: upstream's Triton fused_experts on bf16 experts of the same shapes.
+Each is a whole MoE layer call, timed by sglang.sm120.check.gemm_timing.time_ops (median of
+CUDA-graph replays of a chain of calls with different routings, whose weights exceed 2.5x L2;
+sglang.sm120.check.moe_timing). Per cell: us, speedup vs Marlin and bf16, and ours' GB/s and % of
+the device-to-device copy bandwidth (measured in the same run) on the weight bytes actually read:
+distinct local experts hit x PackedExperts.expert_weight_bytes() (bf16's own bytes for bf16).
+Gate and up share one global scale per expert (Marlin keeps one), so ours and Marlin compute the
+same function; both are held against moe_reference before anything is timed, and a backend that
+does not import, fails or is off the reference is recorded as missing with the reason. Targets
+per shape set: geomean speedup vs Marlin >= 1.3 over tokens 1-256, and >= 1.0 at every size.
+
+Writes RESULTS/moe-fp4-h200.json and .md (RESULTS = --results-dir, default benchmarks/results/;
+copies them and the log to $OUT when set). sglang.sm120 is the installed fork's; the kernel
+library $SGLANG_SM120_KERNEL_LIB's when set.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import math
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+
+from _results import REPO, commit, target
+
+from sglang.sm120.model_shapes import MOE_SHAPES, moe_shape
+
+TOKENS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+GEOMEAN_MAX_TOKENS = 256
+TARGET_GEOMEAN_VS_MARLIN = 1.3
+TARGET_MIN_VS_MARLIN = 1.0
+RESULT_NAME = "moe-fp4-h200"
+SEED = 0
+
+
+class Log:
+    def __init__(self):
+        self.lines = []
+
+    def __call__(self, msg):
+        line = f"[{time.strftime('%H:%M:%S')}] {msg}"
+        print(line, flush=True)
+        self.lines.append(line)
+
+
+def cases(shape_names=None, tokens=TOKENS):
+    """Every (shape set, tokens) cell of a run, in run order."""
+    shapes = [moe_shape(n) for n in shape_names] if shape_names else list(MOE_SHAPES)
+    return [{"shape": s.name, "tokens": t, "experts": s.experts, "global_experts": s.routed_over,
+             "hidden": s.hidden, "inter": s.inter, "topk": s.topk, "routed_scaling": s.routed_scaling,
+             "gate_up": [2 * s.inter, s.hidden], "down": [s.hidden, s.inter]}
+            for s in shapes for t in tokens]
+
+
+def _geomean(v):
+    v = [x for x in v if x]
+    return round(math.exp(sum(map(math.log, v)) / len(v)), 3) if v else None
+
+
+def set_ratios(r, copy_bw):
+    """The row's ratios and bandwidths from its times and bytes."""
+    r["speedup_vs_marlin"] = round(r["marlin_us"] / r["ours_us"], 4) if r.get("marlin_us") else None
+    r["speedup_vs_bf16"] = round(r["bf16_us"] / r["ours_us"], 4) if r.get("bf16_us") else None
+    for b in ("ours", "marlin", "bf16"):
+        us, nbytes = r.get(f"{b}_us"), r["bf16_weight_bytes" if b == "bf16" else "weight_bytes"]
+        r[f"{b}_gbps"] = round(nbytes / (us * 1e-6) / 1e9, 1) if us else None
+        r[f"{b}_bw_pct"] = round(100.0 * nbytes / (us * 1e-6) / copy_bw, 1) if us else None
+
+
+def summarize(rows, shape_names, missing=None):
+    """(targets, summary): per shape set, geomean of ours vs Marlin over tokens 1-256 and the
+    minimum over every size (a shape set without Marlin rows misses both, with the reason)."""
+    targets, summary = {}, {}
+    missing = missing or {}
+    for name in shape_names:
+        mine = [r for r in rows if r["shape"] == name]
+        small = [r["speedup_vs_marlin"] for r in mine if r["tokens"] <= GEOMEAN_MAX_TOKENS and r.get("speedup_vs_marlin")]
+        every = [r["speedup_vs_marlin"] for r in mine if r.get("speedup_vs_marlin")]
+        complete = len(every) == len(mine) and bool(mine)
+        geo = _geomean(small) if complete else None
+        low = round(min(every), 3) if complete else None
+        why = None if complete else (missing.get(name) or "Marlin was not timed at every size")
+        t1 = target(geo, f">= {TARGET_GEOMEAN_VS_MARLIN} (geomean, tokens 1-{GEOMEAN_MAX_TOKENS})",
+                    lambda v: v >= TARGET_GEOMEAN_VS_MARLIN)
+        t2 = target(low, f">= {TARGET_MIN_VS_MARLIN} at every size", lambda v: v >= TARGET_MIN_VS_MARLIN)
+        if why:
+            t1["missing"] = t2["missing"] = why
+        else:
+            t2["at_tokens"] = min(mine, key=lambda r: r["speedup_vs_marlin"])["tokens"]
+        targets[f"speedup_vs_marlin_geomean_1_{GEOMEAN_MAX_TOKENS}_{name}"] = t1
+        targets[f"speedup_vs_marlin_min_{name}"] = t2
+        summary[name] = {
+            "speedup_vs_marlin_geomean_1_256": geo,
+            "speedup_vs_bf16_geomean_1_256": _geomean([r["speedup_vs_bf16"] for r in mine
+                                                       if r["tokens"] <= GEOMEAN_MAX_TOKENS and r.get("speedup_vs_bf16")]),
+            "ours_bw_pct_max": max((r["ours_bw_pct"] for r in mine if r.get("ours_bw_pct")), default=None),
+        }
+    return targets, summary
+
+
+def write_md(path, meta, rows, targets, summary):
+    L = [f"# Grouped NVFP4 W4A16 MoE vs upstream Marlin NVFP4 MoE and bf16 fused MoE ({meta['device']})", "",
+         f"- date {meta['date']}, commit `{meta['commit']}`, torch {meta['torch']}, sglang {meta.get('sglang')}",
+         f"- copy bandwidth {meta['copy_bw_tbps']:.3f} TB/s (read + write, device to device); launch floor "
+         f"{meta['launch_floor_us']:.2f} us", f"- Marlin: {meta['marlin']}", f"- bf16: {meta['bf16']}", "",
+         "Microseconds per MoE layer call (median of CUDA-graph replays over routings whose weights exceed 2.5x L2). "
+         "`x` = that backend's time / ours. `experts` = distinct local experts a call hits (mean); GB/s and % copy BW "
+         "on the weight bytes those experts hold (FP4 + scales; bf16's own for bf16).", "",
+         "## Targets", "", "| target | value | goal | met |", "|---|---|---|---|"]
+    for k, t in targets.items():
+        L.append(f"| {k} | {t['value']} | {t['target']}{' (' + t['missing'] + ')' if t.get('missing') else ''} | "
+                 f"{'yes' if t['met'] else '**no**'} |")
+    L += ["", "## Per shape set", "", "| shape | x Marlin geomean 1-256 | x bf16 geomean 1-256 | ours max % copy BW |",
+          "|---|---|---|---|"]
+    for name, s in summary.items():
+        L.append(f"| {name} | {s['speedup_vs_marlin_geomean_1_256']} | {s['speedup_vs_bf16_geomean_1_256']} | "
+                 f"{s['ours_bw_pct_max']} |")
+    f = lambda v, nd=2: "-" if v is None else f"{v:.{nd}f}"  # noqa: E731
+    L += ["", "## Rows", "", "| shape | tokens | experts | ours us | GB/s | % copy BW | Marlin us | x Marlin | "
+          "bf16 us | x bf16 |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        L.append(f"| {r['shape']} | {r['tokens']} | {r['experts_hit_mean']:.1f} | {f(r['ours_us'])} | "
+                 f"{f(r['ours_gbps'], 0)} | {f(r['ours_bw_pct'], 1)} | {f(r.get('marlin_us'))} | "
+                 f"{f(r.get('speedup_vs_marlin'))} | {f(r.get('bf16_us'))} | {f(r.get('speedup_vs_bf16'))} |")
+    Path(path).write_text("\n".join(L) + "\n")
+
+
+# as bench_fp4_gemm.py: the pair the targets compare, Marlin and ours, each timed right after a bf16
+# graph: bf16, Marlin, bf16 again, ours
+ORDER = ("bf16", "marlin", "bf16_repeat", "sm120")
+
+
+def flat_row(cell, shape, copy_bw, errors):
+    """moe_timing.time_row's cell as this file's row: {backend}_us (ours, marlin, bf16, bf16_repeat),
+    {backend}_missing where a backend was not timed, ratios and bandwidths (set_ratios)."""
+    r = {k: v for k, v in cell.items() if k not in ("us", "failed")}
+    r["bf16_weight_bytes"] = int(cell["experts_hit_mean"] * shape.bf16_bytes_per_expert())
+    for key in ORDER:
+        name = "ours" if key == "sm120" else key
+        r[f"{name}_us"] = cell["us"].get(key)
+    for b in ("marlin", "bf16"):
+        why = cell["failed"].get(b) or errors.get(b)
+        if r[f"{b}_us"] is None:
+            r[f"{b}_missing"] = why or "not available"
+    set_ratios(r, copy_bw)
+    return r
+
+
+def bench_shape(s, tokens, l2, copy_bw, reps, log):
+    import torch
+
+    from sglang.sm120.check import moe_timing as MT
+
+    dev = torch.device("cuda")
+    packed, ops, errors = MT.setup(s, ("marlin", "bf16"), dev, seed=SEED)
+    for b, why in errors.items():
+        log(f"  {s.name}: {b} not timed: {why}")
+    rows = []
+    for t in tokens:
+        cell = MT.time_row(s, t, ops, ORDER, packed.expert_weight_bytes(), l2, reps, dev, seed=SEED + 1)
+        r = flat_row(cell, s, copy_bw, errors)
+        r["expert_weight_bytes"] = packed.expert_weight_bytes()
+        rows.append(r)
+        log(f"  {s.name:10s} T={t:5d} experts {r['experts_hit_mean']:6.1f}  ours {r['ours_us']:8.2f} us "
+            f"({r['ours_bw_pct']:5.1f}% BW)  "
+            + (f"marlin {r['marlin_us']:8.2f} us x{r['speedup_vs_marlin']:.2f}  " if r.get("marlin_us") else "marlin n/a  ")
+            + (f"bf16 {r['bf16_us']:8.2f} us x{r['speedup_vs_bf16']:.2f}" if r.get("bf16_us") else "bf16 n/a"))
+    del ops, packed
+    torch.cuda.empty_cache()
+    return rows, errors
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--shapes", default="", help="comma list of shape sets (default all: "
+                    + ", ".join(s.name for s in MOE_SHAPES) + ")")
+    ap.add_argument("--tokens", default="", help="comma list of token counts (default " + ",".join(map(str, TOKENS)) + ")")
+    ap.add_argument("--reps", type=int, default=15)
+    ap.add_argument("--results-dir", type=Path, default=REPO / "benchmarks" / "results")
+    ap.add_argument("--plan", "--dry-run", dest="plan", action="store_true",
+                    help="print the cases (one JSON line each) and exit; needs no GPU")
+    args = ap.parse_args(argv)
+    names = [n.strip() for n in args.shapes.split(",") if n.strip()] or [s.name for s in MOE_SHAPES]
+    try:
+        tokens = tuple(int(t) for t in args.tokens.split(",") if t.strip()) or TOKENS
+        sel = cases(names, tokens)
+    except ValueError as exc:
+        ap.error(str(exc))
+    if args.plan:
+        for c in sel:
+            print(json.dumps(c))
+        return 0
+    import torch
+
+    from sglang.sm120 import kernels as K
+    from sglang.sm120.check.gemm_timing import copy_bandwidth, launch_floor_us
+
+    log = Log()
+    if not torch.cuda.is_available():
+        sys.exit("error: needs a CUDA GPU")
+    if not K.available():
+        sys.exit("error: libsm120_kernels.so not built: PYTHONPATH=python python3 -m forkbuild.kernels "
+                 "--out python/sglang/sm120/kernels/lib")
+    torch.backends.cuda.matmul.allow_tf32 = False
+    props = torch.cuda.get_device_properties(0)
+    try:
+        import sglang
+        sglang_version = getattr(sglang, "__version__", None)
+    except ImportError:
+        sglang_version = None
+    meta = {"date": _dt.date.today().isoformat(), "device": props.name,
+            "capability": list(torch.cuda.get_device_capability(0)), "sm_count": props.multi_processor_count,
+            "l2_bytes": props.L2_cache_size, "torch": torch.__version__, "cuda": torch.version.cuda,
+            "sglang": sglang_version, "commit": commit(), "kernel_archs": K.build_archs(), "reps": args.reps,
+            "command": "python3 benchmarks/bench_moe_fp4.py " + " ".join(sys.argv[1:] if argv is None else argv),
+            "tokens": list(tokens), "shapes": [c for c in cases(names, tokens[:1])],
+            "marlin": "upstream prepare_moe_nvfp4_layer_for_marlin + the Marlin MoE runner's fused function "
+                      "(ModelOptNvFp4FusedMoEMethod's SM80-SM90 path)",
+            "bf16": "upstream Triton fused_experts on bf16 experts of the same shapes"}
+    log(f"device {props.name} sm_{meta['capability'][0]}{meta['capability'][1]}, L2 {props.L2_cache_size >> 20} MB, "
+        f"kernels {meta['kernel_archs']}")
+    copy_bw, meta["copy_bw_tbps_by_method"] = copy_bandwidth(log)
+    meta["copy_bw_tbps"] = copy_bw / 1e12
+    meta["launch_floor_us"] = launch_floor_us(args.reps)
+    rows, missing = [], {}
+    t0 = time.time()
+    for name in names:
+        s = moe_shape(name)
+        log(f"{name}: {s.experts} local experts of {s.routed_over}, gate_up {2 * s.inter} x {s.hidden}, "
+            f"down {s.hidden} x {s.inter}, top-{s.topk}")
+        shape_rows, errors = bench_shape(s, tokens, props.L2_cache_size, copy_bw, args.reps, log)
+        rows += shape_rows
+        if "marlin" in errors:
+            missing[name] = errors["marlin"]
+    targets, summary = summarize(rows, names, missing)
+    result = {"meta": meta, "targets": targets, "summary": summary, "rows": rows,
+              "elapsed_s": round(time.time() - t0, 1)}
+    args.results_dir.mkdir(parents=True, exist_ok=True)
+    jpath, mpath = args.results_dir / f"{RESULT_NAME}.json", args.results_dir / f"{RESULT_NAME}.md"
+    jpath.write_text(json.dumps(result, indent=1) + "\n")
+    write_md(mpath, meta, rows, targets, summary)
+    log(f"wrote {jpath} and {mpath}")
+    print("TARGETS: " + json.dumps(targets))
+    out = os.environ.get("OUT")
+    if out:
+        Path(out).mkdir(parents=True, exist_ok=True)
+        for path in (jpath, mpath):
+            if path.resolve().parent != Path(out).resolve():
+                shutil.copy(path, out)
+        (Path(out) / "bench_moe_fp4.log").write_text("\n".join(log.lines) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
