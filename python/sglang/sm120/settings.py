@@ -287,8 +287,8 @@ SETTINGS: Tuple[Setting, ...] = (
     _s("FAULT_INJECT", "str", None, "runtime",
        "Test hook: 'gemm' corrupts one result of the sm120 NVFP4 GEMM backend's self-check (and of "
        "the check command's GEMM stage), 'moe' one result of the sm120 NVFP4 MoE backend's "
-       "self-check (--moe-runner-backend sm120 or auto on SM120), to show the fallback to upstream's "
-       "backend; unset in production."),
+       "self-check (--moe-runner-backend sm120 or auto on SM120) and of the check command's moe "
+       "stage, to show the fallback to upstream's backend; unset in production."),
     _s("COMMIT", "str", None, "tools",
        "Commit recorded in benchmark results where the tree has no usable .git."),
     # ---- the GLM-5 rank twin (benchmarks/bench_twin.py sets them for its servers)

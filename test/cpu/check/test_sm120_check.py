@@ -185,7 +185,10 @@ def test_skipped_stages_are_recorded_and_not_run(tmp_path):
 def test_fault_injection_is_announced_and_a_bad_value_refused(env_value, capsys):
     env_value("SGLANG_SM120_FAULT_INJECT", "gemm")
     code, out = _run(["--skip", "moe", "--skip", "layerwise", "--skip", "timing"], FAKES)
-    assert "FAULT INJECTION ON (SGLANG_SM120_FAULT_INJECT=gemm)" in out
+    assert "FAULT INJECTION ON (SGLANG_SM120_FAULT_INJECT=gemm): one GEMM result" in out
+    env_value("SGLANG_SM120_FAULT_INJECT", "moe")
+    code, out = _run(["--skip", "layerwise", "--skip", "timing"], FAKES)
+    assert "FAULT INJECTION ON (SGLANG_SM120_FAULT_INJECT=moe): one MoE result" in out
     env_value("SGLANG_SM120_FAULT_INJECT", "everything")
     code, _ = _run([], FAKES)
     assert code == 2 and "SGLANG_SM120_FAULT_INJECT" in capsys.readouterr().err
@@ -362,7 +365,7 @@ def test_moe_stage_shape_sets_upstream_choice_and_summary():
     assert s["per_shape"]["a"]["x_marlin_geomean"] == 1.0 and s["per_shape"]["b"]["x_marlin_geomean"] is None
 
 
-def test_moe_stage_run_assembles_checks_rows_and_backends(monkeypatch):
+def test_moe_stage_run_assembles_checks_rows_and_backends(monkeypatch, env_value):
     """moe_check.run with stand-ins for the GPU parts (device queries, the kernel checks, the timed
     cells): every shape set of the family checked and timed at the quick sizes, Marlin's failure on
     one shape set reported with its reason, upstream's SM120 choice listed as not timed, and one
@@ -380,8 +383,8 @@ def test_moe_stage_run_assembles_checks_rows_and_backends(monkeypatch):
     monkeypatch.setattr(gemm_timing, "copy_bandwidth", lambda log: (4e12, {"memcpy": 4.0}))
     checked = []
 
-    def correctness(shape, tokens, log):
-        checked.append((shape.name, tuple(tokens)))
+    def correctness(shape, tokens, log, fault=False):
+        checked.append((shape.name, tuple(tokens), fault))
         return [{"name": f"moe {shape.name} T={t}", "ok": not (shape.name == "glm5-ep8" and t == 17), "detail": "d"}
                 for t in tokens]
 
@@ -399,7 +402,7 @@ def test_moe_stage_run_assembles_checks_rows_and_backends(monkeypatch):
     monkeypatch.setattr(moe_timing, "setup", setup)
     monkeypatch.setattr(moe_timing, "time_row", time_row)
     res = moe_check.run("glm5", True, 7, lambda m: None)
-    assert checked == [("glm5-tp8", moe_check.QUICK_TOKENS), ("glm5-ep8", moe_check.QUICK_TOKENS)]
+    assert checked == [("glm5-tp8", moe_check.QUICK_TOKENS, False), ("glm5-ep8", moe_check.QUICK_TOKENS, False)]
     assert res["status"] == "fail" and "first failure: moe glm5-ep8 T=17" in res["detail"]
     assert {(r["shape"], r["tokens"]) for r in res["rows"]} == {
         (s, t) for s in ("glm5-tp8", "glm5-ep8") for t in moe_check.QUICK_TIMING_TOKENS}
@@ -408,3 +411,8 @@ def test_moe_stage_run_assembles_checks_rows_and_backends(monkeypatch):
                                          "failed_shapes": {"RuntimeError: no EP": ["glm5-ep8"]}}
     assert res["backends"]["flashinfer_cutlass"]["reason"] == moe_check.NOT_TIMED["flashinfer_cutlass"]
     assert res["summary"]["x_marlin_geomean"] == 1.5 and res["summary"]["per_shape"]["glm5-ep8"]["x_marlin_geomean"] is None
+    # SGLANG_SM120_FAULT_INJECT=moe corrupts the first shape set's first result, no other
+    env_value("SGLANG_SM120_FAULT_INJECT", "moe")
+    checked.clear()
+    moe_check.run("glm5", True, 7, lambda m: None)
+    assert [c[2] for c in checked] == [True, False]

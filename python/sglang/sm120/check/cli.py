@@ -198,9 +198,10 @@ def main(argv: Optional[Sequence[str]] = None, *, stages: Optional[Dict[str, Cal
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return report.EXIT_NO_GPU
-    if fault == "gemm":  # 'moe' is the server's MoE self-check's: this command has no MoE stage
+    if fault:
         result["fault_injected"] = fault
-        log(f"FAULT INJECTION ON ({FAULT_INJECT_ENV}={fault}): one GEMM result is corrupted on purpose")
+        what = "GEMM" if fault == "gemm" else "MoE"
+        log(f"FAULT INJECTION ON ({FAULT_INJECT_ENV}={fault}): one {what} result is corrupted on purpose")
     runners = {**DEFAULT_STAGES, **(stages or {})}
     order = [s for s in STAGES if s not in a.skip]
     ctx = SimpleNamespace(args=a, log=log, result=result, shapes=select_shapes(a.shapes, a.tp, a.quick))

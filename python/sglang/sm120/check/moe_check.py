@@ -55,12 +55,14 @@ def _geomean(v: Sequence[float]):
     return round(math.exp(sum(map(math.log, v)) / len(v)), 3) if v else None
 
 
-def correctness(shape, tokens: Sequence[int], log: Callable[[str], None]) -> List[Dict]:
+def correctness(shape, tokens: Sequence[int], log: Callable[[str], None], fault: bool = False) -> List[Dict]:
+    """fault: corrupt the first result compared (SGLANG_SM120_FAULT_INJECT=moe shows a failing stage)."""
     import torch
 
     from sglang.sm120 import kernels as K
     from sglang.sm120.kernels import moe
     from sglang.sm120.moe_tolerance import check_moe
+    from sglang.sm120.selfcheck import corrupt_one
 
     dev = torch.device("cuda")
     tensors = moe.synthetic_experts(shape.experts, shape.hidden, shape.inter, dev, seed=0)
@@ -75,6 +77,8 @@ def correctness(shape, tokens: Sequence[int], log: Callable[[str], None]) -> Lis
         name = f"moe {shape.name} {label}"
         try:
             y = K.moe_w4a16(x, ids, w, packed, routed_scaling_factor=shape.routed_scaling)
+            if fault and not out:
+                y = corrupt_one(y)
             c = check_moe(y, x, ids, w, tensors, routed_scaling_factor=shape.routed_scaling)
             out.append({"name": name, "ok": c.ok, "detail": c.summary()})
         except Exception as exc:
@@ -114,10 +118,13 @@ def run(family: str, quick: bool, reps: int, log: Callable[[str], None]) -> Dict
     from . import gemm_timing as T
     from . import moe_timing as MT
 
+    from sglang.sm120.selfcheck import fault_site
+
     sets = shape_sets(family)
+    fault = fault_site() == "moe"
     results: List[Dict] = []
-    for s in sets:
-        res = correctness(s, QUICK_TOKENS if quick else TOKENS, log)
+    for i, s in enumerate(sets):
+        res = correctness(s, QUICK_TOKENS if quick else TOKENS, log, fault=fault and i == 0)
         log(f"  {s.name}: {sum(r['ok'] for r in res)}/{len(res)} MoE checks passed")
         results += res
     dev = torch.device("cuda")
