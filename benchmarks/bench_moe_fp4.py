@@ -2,6 +2,7 @@
 
     python3 benchmarks/bench_moe_fp4.py [--shapes glm5-tp8,...] [--tokens 1,2,...] [--results-dir DIR]
     python3 benchmarks/bench_moe_fp4.py --plan      # the cases, one JSON line each; no GPU needed
+    python3 benchmarks/bench_moe_fp4.py --k-warps 8/1,4/1,2/1,1/1   # plus ours at fixed warps per tile
 
 One run times, per MoE shape set of sglang.sm120.model_shapes.MOE_SHAPES (GLM-5 one rank of TP 8 and
 of EP 8, Qwen3-30B-A3B) and tokens 1..1024, top-8, synthetic_routing:
@@ -160,19 +161,48 @@ def flat_row(cell, shape, copy_bw, errors):
     return r
 
 
-def bench_shape(s, tokens, l2, copy_bw, reps, log):
+def parse_k_warps(text: str):
+    """--k-warps "8/1,4/1" -> ((8, 1), (4, 1)): gate_up/down warps per tile of extra ours columns."""
+    out = []
+    for item in (x.strip() for x in text.split(",") if x.strip()):
+        try:
+            g, d = (int(v) for v in item.split("/"))
+        except ValueError:
+            raise ValueError(f"--k-warps: {item!r} is not GATE_UP/DOWN (e.g. 4/1)") from None
+        if g not in (1, 2, 4, 8) or d not in (1, 2, 4, 8):
+            raise ValueError(f"--k-warps: {item!r}: warps per tile are 1, 2, 4 or 8")
+        out.append((g, d))
+    return tuple(out)
+
+
+def sweep_key(g: int, d: int) -> str:
+    return f"sm120_kw{g}_{d}"
+
+
+def bench_shape(s, tokens, l2, copy_bw, reps, log, k_warps=()):
     import torch
 
+    from sglang.sm120 import kernels as K
     from sglang.sm120.check import moe_timing as MT
 
     dev = torch.device("cuda")
     packed, ops, errors = MT.setup(s, ("marlin", "bf16"), dev, seed=SEED)
     for b, why in errors.items():
         log(f"  {s.name}: {b} not timed: {why}")
+    for g, d in k_warps:  # the plan's warps-per-tile choice against fixed ones, same calls otherwise
+        ops[sweep_key(g, d)] = (lambda g, d: lambda x, ids, w: K.moe_w4a16(
+            x, ids, w, packed, routed_scaling_factor=s.routed_scaling, gate_up_k_warps=g, down_k_warps=d))(g, d)
+    order = ORDER + tuple(sweep_key(g, d) for g, d in k_warps)
     rows = []
     for t in tokens:
-        cell = MT.time_row(s, t, ops, ORDER, packed.expert_weight_bytes(), l2, reps, dev, seed=SEED + 1)
+        cell = MT.time_row(s, t, ops, order, packed.expert_weight_bytes(), l2, reps, dev, seed=SEED + 1)
         r = flat_row(cell, s, copy_bw, errors)
+        plan = K.moe_plan(t, s.topk, s.experts, s.hidden, s.inter)
+        r["plan_k_warps"] = f"{plan['gate_up_k_warps']}/{plan['down_k_warps']}"
+        if k_warps:
+            r["k_warps_us"] = {f"{g}/{d}": cell["us"].get(sweep_key(g, d)) for g, d in k_warps}
+            log(f"  {s.name:10s} T={t:5d} plan {r['plan_k_warps']}: ours {r['ours_us']} us; fixed "
+                + ", ".join(f"{k} {v} us" for k, v in r["k_warps_us"].items()))
         r["expert_weight_bytes"] = packed.expert_weight_bytes()
         rows.append(r)
         log(f"  {s.name:10s} T={t:5d} experts {r['experts_hit_mean']:6.1f}  ours {r['ours_us']:8.2f} us "
@@ -191,6 +221,8 @@ def main(argv=None):
     ap.add_argument("--tokens", default="", help="comma list of token counts (default " + ",".join(map(str, TOKENS)) + ")")
     ap.add_argument("--reps", type=int, default=15)
     ap.add_argument("--results-dir", type=Path, default=REPO / "benchmarks" / "results")
+    ap.add_argument("--k-warps", default="", help="extra ours columns with fixed gate_up/down warps per "
+                    "weight tile, e.g. 8/1,4/1,2/1,1/1 (a sweep of the plan's choice; not in the targets)")
     ap.add_argument("--plan", "--dry-run", dest="plan", action="store_true",
                     help="print the cases (one JSON line each) and exit; needs no GPU")
     args = ap.parse_args(argv)
@@ -198,6 +230,7 @@ def main(argv=None):
     try:
         tokens = tuple(int(t) for t in args.tokens.split(",") if t.strip()) or TOKENS
         sel = cases(names, tokens)
+        k_warps = parse_k_warps(args.k_warps)
     except ValueError as exc:
         ap.error(str(exc))
     if args.plan:
@@ -242,7 +275,7 @@ def main(argv=None):
         s = moe_shape(name)
         log(f"{name}: {s.experts} local experts of {s.routed_over}, gate_up {2 * s.inter} x {s.hidden}, "
             f"down {s.hidden} x {s.inter}, top-{s.topk}")
-        shape_rows, errors = bench_shape(s, tokens, props.L2_cache_size, copy_bw, args.reps, log)
+        shape_rows, errors = bench_shape(s, tokens, props.L2_cache_size, copy_bw, args.reps, log, k_warps)
         rows += shape_rows
         if "marlin" in errors:
             missing[name] = errors["marlin"]

@@ -20,6 +20,9 @@
 #                shape sets, tokens 1-1024), then benchmarks/bench_moe_fp4.py (ours vs upstream's Marlin
 #                NVFP4 MoE vs bf16 Triton fused MoE, tokens 1-1024) -> RESULTS/moe-fp4-h200.{json,md}
 #                (logs RESULTS/moe-fp4-test.log, RESULTS/moe-fp4.log)                       600 + 900
+#   moe-fp4-sweep (by name only) bench_moe_fp4.py on the GLM-5 sets with ours also at fixed warps per
+#                weight tile (8/1 4/1 2/1 1/1 and the down side at 8, 4, 2): is the plan's choice the best
+#                one? -> RESULTS/moe-sweep/ (a probe, not a record)                            900
 #   fp4-ab       lab/fp4_ab.sh: $FP4_AB_OLD_LIB (with $FP4_AB_OLD_ENV) against this tree's
 #                library, every shape, new/old/new in one call -> RESULTS/fp4-ab/compare.md       400
 #   w4a16-timeline  lab/w4a16_timeline.cu built here with the stamps on: per-CTA phases of
@@ -108,7 +111,7 @@ cd "$(dirname "$0")/.."
 RES=$(mkdir -p "$1" && cd "$1" && pwd); shift
 STEPS=("$@")
 [ ${#STEPS[@]} -gt 0 ] || STEPS=(correctness-full correctness-alone prefill-fa2 runner zero-copy traps kernels fp4 lean-moe prefill-profile correctness graph-memory fp4-ncu moe-profile eager-warmup)
-KNOWN="plan-check same-tokens-probe same-tokens repeat-probe glm5-launch-line sm120-check fp4-selfcheck gpu-suite lean-moe kernels fp4 moe-fp4 fp4-ab w4a16-timeline fp4-ncu graph-memory runner prefill-profile prefill-fa2 zero-copy moe-profile traps correctness correctness-full correctness-alone eager-warmup client-ceiling serving soak serving-diag serving-soak serving-tw4"
+KNOWN="plan-check same-tokens-probe same-tokens repeat-probe glm5-launch-line sm120-check fp4-selfcheck gpu-suite lean-moe kernels fp4 moe-fp4 moe-fp4-sweep fp4-ab w4a16-timeline fp4-ncu graph-memory runner prefill-profile prefill-fa2 zero-copy moe-profile traps correctness correctness-full correctness-alone eager-warmup client-ceiling serving soak serving-diag serving-soak serving-tw4"
 for s in "${STEPS[@]}"; do  # all checked before the first one starts
   case " $KNOWN " in *" $s "*) ;; *) echo "gpu_queue.sh: unknown step $s ($KNOWN)"; exit 2 ;; esac
 done
@@ -137,6 +140,9 @@ for s in "${STEPS[@]}"; do
     moe-fp4)  # the benchmark runs even when a test fails: its own sanity check gates what it times
       step moe-fp4-test 600 "$PY" -m pytest -m gpu -q -rA -p no:cacheprovider test/gpu/test_moe_w4a16.py
       step moe-fp4 900 "$PY" benchmarks/bench_moe_fp4.py --results-dir "$RES" ;;
+    moe-fp4-sweep)
+      step moe-fp4-sweep 900 "$PY" benchmarks/bench_moe_fp4.py --shapes glm5-tp8,glm5-ep8 --reps 9 \
+        --k-warps 8/1,4/1,2/1,1/1,8/8,8/4,8/2 --results-dir "$RES/moe-sweep" ;;
     fp4-ab)
       if [ -z "${FP4_AB_OLD_LIB:-}" ]; then
         say "fp4-ab: set FP4_AB_OLD_LIB to the library to compare against"; FAILED+=(fp4-ab)

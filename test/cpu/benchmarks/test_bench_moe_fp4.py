@@ -41,6 +41,15 @@ def test_plan_prints_the_cases_without_a_gpu(bench, capsys):
     assert e.value.code == 2 and "unknown MoE shape set 'llama'" in capsys.readouterr().err
 
 
+def test_k_warps_sweep_option(bench, capsys):
+    assert bench.parse_k_warps("8/1, 4/1,1/8") == ((8, 1), (4, 1), (1, 8)) and bench.parse_k_warps("") == ()
+    assert bench.sweep_key(4, 1) == "sm120_kw4_1"
+    for bad, why in (("3/1", "1, 2, 4 or 8"), ("4", "GATE_UP/DOWN"), ("a/b", "GATE_UP/DOWN")):
+        with pytest.raises(SystemExit) as e:
+            bench.main(["--plan", "--k-warps", bad])
+        assert e.value.code == 2 and why in capsys.readouterr().err
+
+
 def _row(bench, shape, tokens, ours, marlin, bf16=None, copy_bw=4e12):
     r = {"shape": shape, "tokens": tokens, "ours_us": ours, "marlin_us": marlin, "bf16_us": bf16,
          "experts_hit_mean": 8.0, "weight_bytes": 8 * 2_654_208, "bf16_weight_bytes": 8 * 9_437_184}
