@@ -11,6 +11,7 @@ import gzip
 import json
 import os
 import subprocess
+import time
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -57,3 +58,15 @@ def save(path: Path, doc: dict) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(doc, indent=1) + "\n")
     os.replace(tmp, path)
+
+
+class Log:
+    """A benchmark's progress lines: printed as they come (time-stamped) and kept for its log file."""
+
+    def __init__(self):
+        self.lines = []
+
+    def __call__(self, msg):
+        line = f"[{time.strftime('%H:%M:%S')}] {msg}"
+        print(line, flush=True)
+        self.lines.append(line)

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-from _results import REPO, commit
+from _results import REPO, Log, commit
 
 from sglang.sm120 import kernels as K
 from sglang.sm120 import nvfp4 as F
@@ -45,16 +45,6 @@ BIG_WEIGHT_BYTES = 8 << 20
 SM120_BW = 1.792e12
 SM120_BF16_FLOPS = 5.04e14
 SM120_FP4_FLOPS = 2.0e15
-
-
-class Log:
-    def __init__(self):
-        self.lines = []
-
-    def __call__(self, msg):
-        line = f"[{time.strftime('%H:%M:%S')}] {msg}"
-        print(line, flush=True)
-        self.lines.append(line)
 
 
 # The timing harness lives in the overlay (the installed wheel carries it for

@@ -36,7 +36,7 @@ import sys
 import time
 from pathlib import Path
 
-from _results import REPO, commit, target
+from _results import REPO, Log, commit, target
 
 from sglang.sm120.model_shapes import MOE_SHAPES, moe_shape
 
@@ -46,16 +46,6 @@ TARGET_GEOMEAN_VS_MARLIN = 1.3
 TARGET_MIN_VS_MARLIN = 1.0
 RESULT_NAME = "moe-fp4-h200"
 SEED = 0
-
-
-class Log:
-    def __init__(self):
-        self.lines = []
-
-    def __call__(self, msg):
-        line = f"[{time.strftime('%H:%M:%S')}] {msg}"
-        print(line, flush=True)
-        self.lines.append(line)
 
 
 def cases(shape_names=None, tokens=TOKENS):

@@ -18,20 +18,6 @@
 namespace sm120 {
 namespace {
 
-// A streamed weight or scale fragment: read once per call, so it does not displace L1 lines; a
-// miss fills 256 bytes of L2 (as cp_async16 in common.cuh).
-__device__ __forceinline__ uint4 ldg_stream128(const void* p) {
-  uint4 v;
-  asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(p));
-  return v;
-}
-__device__ __forceinline__ uint2 ldg_stream64(const void* p) {
-  uint2 v;
-  asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v2.u32 {%0,%1}, [%2];\n" : "=r"(v.x), "=r"(v.y) : "l"(p));
-  return v;
-}
 // Asks L2 for the 128-byte line at p (no register result, so ptxas keeps it where it is written;
 // a load's result would be scheduled after griddepcontrol.wait).
 __device__ __forceinline__ void prefetch_l2(const void* p) {

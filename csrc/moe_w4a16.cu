@@ -47,19 +47,6 @@ struct MoeGemmParams {
   int64_t expert_scale_bytes;
 };
 
-__device__ __forceinline__ uint4 ldg_stream128(const void* p) {
-  uint4 v;
-  asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(p));
-  return v;
-}
-__device__ __forceinline__ uint2 ldg_stream64(const void* p) {
-  uint2 v;
-  asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v2.u32 {%0,%1}, [%2];\n" : "=r"(v.x), "=r"(v.y) : "l"(p));
-  return v;
-}
-
 // Both halves of a (gate, up) accumulator pair of token `tok` (local to the item) -> activation.
 __device__ __forceinline__ void store_gate_up(const MoeGemmParams& p, int pos0, int rows, int group, int rt, int g,
                                               int tok, float gate, float up, float alpha_gate, float alpha_up) {
@@ -292,6 +279,26 @@ int moe_k_warps(int n_chunks, int64_t avg_rows) {
   return k_warps;
 }
 
+// The fields of one of the two grouped GEMMs: X [*, K] bf16, per expert a packed [weight_rows, K]
+// weight (kernels/moe.py's layout), output columns N.
+void set_gemm(MoeGemmParams& p, const void* x, const void* qweight, const void* scales, const float* alpha,
+              void* y, int weight_rows, int K, int N, int k_warps) {
+  p.x = static_cast<const __nv_bfloat16*>(x);
+  p.qweight = static_cast<const uint8_t*>(qweight);
+  p.scales = static_cast<const uint8_t*>(scales);
+  p.alpha = alpha;
+  p.y = static_cast<__nv_bfloat16*>(y);
+  p.N = N;
+  p.K = K;
+  p.n_chunks = round_up(K, kChunkK) / kChunkK;
+  p.n_tiles = weight_rows / kTileRows;
+  p.k_warps = k_warps;
+  p.tiles_per_cta = kMoeWarps / k_warps;
+  p.chunks_per_warp = ceil_div(p.n_chunks, k_warps);
+  p.expert_weight_bytes = (int64_t)weight_rows * p.n_chunks * kChunkK / 2;
+  p.expert_scale_bytes = (int64_t)weight_rows * p.n_chunks * kChunkK / 16;
+}
+
 template <bool GATE_UP>
 cudaError_t launch_gemm(const MoeGemmParams& p, int m_tiles, int max_items, cudaStream_t stream) {
   const dim3 grid(max_items, ceil_div(p.n_tiles, p.tiles_per_cta)), block(32 * kMoeWarps);
@@ -336,20 +343,7 @@ int launch_moe_w4a16(const MoeArgs& a, const MoePlan& plan, cudaStream_t stream)
   p.topk = a.topk;
   p.topk_weights = a.topk_weights;
   // gate_up: [2 I_pad rows (gate/up interleaved per 64), K = H] -> activations [S, I]
-  p.x = static_cast<const __nv_bfloat16*>(a.hidden);
-  p.qweight = static_cast<const uint8_t*>(a.w13);
-  p.scales = static_cast<const uint8_t*>(a.w13_scales);
-  p.alpha = a.w13_alpha;
-  p.y = static_cast<__nv_bfloat16*>(a.act);
-  p.N = a.I;
-  p.K = a.H;
-  p.n_chunks = round_up(a.H, kChunkK) / kChunkK;
-  p.n_tiles = 2 * i_pad / kTileRows;
-  p.k_warps = plan.gate_up_k_warps;
-  p.tiles_per_cta = kMoeWarps / p.k_warps;
-  p.chunks_per_warp = ceil_div(p.n_chunks, p.k_warps);
-  p.expert_weight_bytes = (int64_t)2 * i_pad * p.n_chunks * kChunkK / 2;
-  p.expert_scale_bytes = (int64_t)2 * i_pad * p.n_chunks * kChunkK / 16;
+  set_gemm(p, a.hidden, a.w13, a.w13_scales, a.w13_alpha, a.act, 2 * i_pad, a.H, a.I, plan.gate_up_k_warps);
   err = launch_gemm<true>(p, plan.m_tiles, plan.max_items, stream);
   if (err != cudaSuccess) {
     (void)cudaGetLastError();
@@ -357,20 +351,7 @@ int launch_moe_w4a16(const MoeArgs& a, const MoePlan& plan, cudaStream_t stream)
                      cudaGetErrorString(err));
   }
   // down: [H_pad rows, K = I] -> y [S, H] by slot, times the routing weight
-  p.x = static_cast<const __nv_bfloat16*>(a.act);
-  p.qweight = static_cast<const uint8_t*>(a.w2);
-  p.scales = static_cast<const uint8_t*>(a.w2_scales);
-  p.alpha = a.w2_alpha;
-  p.y = static_cast<__nv_bfloat16*>(a.y);
-  p.N = a.H;
-  p.K = a.I;
-  p.n_chunks = round_up(a.I, kChunkK) / kChunkK;
-  p.n_tiles = h_pad / kTileRows;
-  p.k_warps = plan.down_k_warps;
-  p.tiles_per_cta = kMoeWarps / p.k_warps;
-  p.chunks_per_warp = ceil_div(p.n_chunks, p.k_warps);
-  p.expert_weight_bytes = (int64_t)h_pad * p.n_chunks * kChunkK / 2;
-  p.expert_scale_bytes = (int64_t)h_pad * p.n_chunks * kChunkK / 16;
+  set_gemm(p, a.act, a.w2, a.w2_scales, a.w2_alpha, a.y, h_pad, a.I, a.H, plan.down_k_warps);
   err = launch_gemm<false>(p, plan.m_tiles, plan.max_items, stream);
   if (err != cudaSuccess) {
     (void)cudaGetLastError();

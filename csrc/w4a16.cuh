@@ -47,6 +47,22 @@ struct W4A16Params {
   int cluster_reduce;  // the splits of a tile are one cluster (gridDim.y == splits <= 8)
 };
 
+// A streamed weight or scale fragment: read once per call, so it does not displace L1 lines; a
+// miss fills 256 bytes of L2 (as cp_async16 in common.cuh). Shared by the
+// warp-K and the grouped MoE kernels, which stream weights straight into registers.
+__device__ __forceinline__ uint4 ldg_stream128(const void* p) {
+  uint4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p));
+  return v;
+}
+__device__ __forceinline__ uint2 ldg_stream64(const void* p) {
+  uint2 v;
+  asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v2.u32 {%0,%1}, [%2];\n" : "=r"(v.x), "=r"(v.y) : "l"(p));
+  return v;
+}
+
 // Lane (g = lane / 4, t = lane % 4) of a 16-row tile: which scale bytes it needs from the words of
 // rows g and g+8 (K halves lo = block t/2 and hi = block 2 + t/2 -> [g_lo, g8_lo, g_hi, g8_hi]),
 // and where those two words sit in the tile's 64 bytes of a 512-byte scale block.

@@ -33,6 +33,8 @@ E, H, I, TOPK = 4, 64, 32, 2
 
 @pytest.fixture(autouse=True)
 def fresh_state(monkeypatch):
+    # the library's presence is not what these tests decide (test_the_flag_needs_the_library is)
+    monkeypatch.setattr(kernels, "available", lambda: True)
     fp4_moe_selfcheck.reset_for_tests()
     monkeypatch.setattr(fp4_moe_backend, "_disabled_reason", None)
     flags = moe_utils.get_flags().moe
@@ -166,6 +168,17 @@ def test_a_refused_layer_runs_marlin_alone_without_the_check(monkeypatch, caplog
     assert moe_utils.get_moe_runner_backend().is_sm120()  # the process keeps sm120
     assert len(caplog.records) == 1 and "marlin" in caplog.records[0].getMessage()
     assert fp4_moe_selfcheck.outcome() is None
+
+
+def test_the_flag_needs_the_library(monkeypatch):
+    def missing():
+        raise RuntimeError("libsm120_kernels.so not found")
+
+    monkeypatch.setattr(kernels, "available", lambda: False)
+    monkeypatch.setattr(kernels, "load", missing)
+    set_backend("sm120")
+    with pytest.raises(RuntimeError, match="--moe-runner-backend sm120 needs libsm120_kernels.so: .*not found"):
+        fp4_moe.layer_backend(nvfp4_layer(), config())
 
 
 def _outcome(ok, **kw):

@@ -167,3 +167,17 @@ def server(request, fleet, serving):
     # key includes the index in each test's id list), so the server lives until that model's
     # test_shutdown_is_clean, ordered last by pytest_collection_modifyitems, or the session end.
     yield srv
+
+
+@pytest.fixture(scope="module")
+def K():
+    """sglang.sm120.kernels with its library loaded (the kernel tests fail, not skip, without it)."""
+    import torch
+
+    from sglang.sm120 import kernels
+
+    if not kernels.available():
+        pytest.fail("libsm120_kernels.so is not built: run "
+                    "`PYTHONPATH=python python3 -m forkbuild.kernels --out python/sglang/sm120/kernels/lib`")
+    torch.backends.cuda.matmul.allow_tf32 = False
+    return kernels

@@ -36,17 +36,6 @@ def _shapes():
 SHAPES = _shapes()
 
 
-@pytest.fixture(scope="module")
-def K():
-    from sglang.sm120 import kernels
-
-    if not kernels.available():
-        pytest.fail("libsm120_kernels.so is not built: run "
-                    "`PYTHONPATH=python python3 -m forkbuild.kernels --out python/sglang/sm120/kernels/lib`")
-    torch.backends.cuda.matmul.allow_tf32 = False
-    return kernels
-
-
 def _assert_close(y, ref, absref, what):
     y = y.float()
     bound = 2.0 ** -8 * ref.abs() + 2.0 ** -14 * absref

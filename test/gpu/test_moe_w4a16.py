@@ -24,17 +24,6 @@ SEED = 1234
 
 
 @pytest.fixture(scope="module")
-def K():
-    from sglang.sm120 import kernels
-
-    if not kernels.available():
-        pytest.fail("libsm120_kernels.so is not built: run "
-                    "`PYTHONPATH=python python3 -m forkbuild.kernels --out python/sglang/sm120/kernels/lib`")
-    torch.backends.cuda.matmul.allow_tf32 = False
-    return kernels
-
-
-@pytest.fixture(scope="module")
 def experts(K):
     """name -> (MoeShape, ModelOpt tensors, PackedExperts), built at first use and kept for the
     module (the three sets together hold ~3.5 GB: tensors and packed copies)."""

@@ -79,6 +79,20 @@ def _down_tma_supported() -> bool:
 LEAN_STEP_BASES = ("0.5.16",)
 
 
+def _dispatch_refusal(layer) -> Optional[str]:
+    """Why the layer's forward does more around its experts than a lean step does: another
+    dispatcher, expert parallelism, or its own all-reduce; None when it does not."""
+    from sglang.srt.layers.moe.token_dispatcher.standard import StandardDispatcher
+
+    if type(layer.dispatcher) is not StandardDispatcher:
+        return f"dispatcher {type(layer.dispatcher).__name__}"
+    if layer.moe_ep_size != 1 or layer.dispatcher.local_expert_mapping is not None:
+        return "expert parallelism"
+    if layer.reduce_results and layer.moe_tp_size > 1:
+        return "the layer all-reduces its own output (reduce_results with TP > 1)"
+    return None
+
+
 def layer_refusal(layer) -> Optional[str]:
     """Why `layer.forward` would not take the plain Triton path the lean step reproduces (or, for
     a layer on the sm120 MoE backend, the kernel call the sm120 step makes); None when it would."""
@@ -93,7 +107,6 @@ def layer_refusal(layer) -> Optional[str]:
     from sglang.srt.layers.moe.fused_moe_triton.layer import FusedMoE
     from sglang.srt.layers.moe.moe_runner.triton import fused_experts_none_to_triton
     from sglang.srt.layers.moe.moe_runner.triton_utils import get_config
-    from sglang.srt.layers.moe.token_dispatcher.standard import StandardDispatcher
     from sglang.srt.layers.quantization.unquant import UnquantizedFusedMoEMethod
 
     fm, mab = _upstream()
@@ -113,12 +126,9 @@ def layer_refusal(layer) -> Optional[str]:
         return "LoRA, an all-to-all backend or SGLANG_CI_DISABLE_MOE_FUSED_FUNC (not the fused triton func)"
     if getattr(layer, "_use_ascend_fuseep", False) or not fm._is_cuda:
         return "not CUDA"
-    if type(layer.dispatcher) is not StandardDispatcher:
-        return f"dispatcher {type(layer.dispatcher).__name__}"
-    if layer.moe_ep_size != 1 or layer.dispatcher.local_expert_mapping is not None:
-        return "expert parallelism"
-    if layer.reduce_results and layer.moe_tp_size > 1:
-        return "the layer all-reduces its own output (reduce_results with TP > 1)"
+    why = _dispatch_refusal(layer)
+    if why is not None:
+        return why
     if getattr(layer, "w13_weight_bias", None) is not None or getattr(layer, "w2_weight_bias", None) is not None:
         return "expert bias"
     cfg = layer.moe_runner_config
@@ -149,7 +159,6 @@ def sm120_layer_refusal(layer) -> Optional[str]:
     it does not."""
     from sglang.srt.layers.moe import utils as moe_utils
     from sglang.srt.layers.moe.fused_moe_triton.layer import FusedMoE
-    from sglang.srt.layers.moe.token_dispatcher.standard import StandardDispatcher
 
     if type(layer) is not FusedMoE:
         return f"{type(layer).__name__} is not FusedMoE itself"
@@ -157,12 +166,9 @@ def sm120_layer_refusal(layer) -> Optional[str]:
         return "not CUDA"
     if getattr(layer, "_dwdp_bound", False):
         return "DWDP weight prefetch around the layer"
-    if type(layer.dispatcher) is not StandardDispatcher:
-        return f"dispatcher {type(layer.dispatcher).__name__}"
-    if layer.moe_ep_size != 1 or layer.dispatcher.local_expert_mapping is not None:
-        return "expert parallelism"
-    if layer.reduce_results and layer.moe_tp_size > 1:
-        return "the layer all-reduces its own output (reduce_results with TP > 1)"
+    why = _dispatch_refusal(layer)
+    if why is not None:
+        return why
     if moe_utils.should_use_flashinfer_cutlass_moe_fp4_allgather():
         return "the FlashInfer FP4 all-gather dispatch"
     return None
