@@ -4,6 +4,7 @@
     python benchmarks/bench_twin.py                       # everything, the issue's contexts
     python benchmarks/bench_twin.py --quick               # one process per configuration (256-token contexts)
     python benchmarks/bench_twin.py --configs layerwise --groups 256   # a piece; merges into the same file
+    python benchmarks/bench_twin.py --configs layerwise_moe_sm120 layerwise_moe_marlin --skip histogram profile
 
 The twin (python -m sglang.sm120.tiny.twin; one TP-8 rank of GLM-5-NVFP4 as a TP-1 model,
 `--load-format dummy`, router spread by sglang.sm120.tiny.twin_router) runs under upstream's
@@ -15,6 +16,8 @@ leaves the server an RTX PRO 6000's memory:
                      TP 8 on that card (`plan`, faked card; eager above it)
   full_graphs_1024   upstream's full decode graphs raised to 1024
   layerwise          the fork's layerwise decode (full graphs up to its ceiling, layerwise to 1024)
+  layerwise_moe_sm120 / layerwise_moe_marlin (by name only) layerwise with `--moe-runner-backend`
+                     sm120 (the fork's grouped W4A16 MoE kernel) or marlin (upstream's NVFP4 MoE on SM90)
 
 Decode at bs 1, 64, 256, 512, 1024 with ~256k context tokens in all, one process per context
 group (one_batch takes one input length per run): 4096 tokens for bs 1 and 64, 1024 for 256,
@@ -63,7 +66,12 @@ CONFIGS: Dict[str, List[str]] = {
     "layerwise": ["--cuda-graph-backend-decode", "layerwise", "--cuda-graph-max-bs", "1024",
                   "--cuda-graph-backend-prefill", "disabled"],
 }
-CONFIG_ENV = {"layerwise": {"SGLANG_SM120_LEAN_MOE": "1"}}
+DEFAULT_CONFIGS = list(CONFIGS)
+# By name only (issue 42): layerwise decode with the routed experts on the fork's grouped W4A16
+# kernel against upstream's Marlin NVFP4 MoE, named explicitly (auto is Marlin on SM90 anyway).
+for _backend in ("sm120", "marlin"):
+    CONFIGS[f"layerwise_moe_{_backend}"] = CONFIGS["layerwise"] + ["--moe-runner-backend", _backend]
+CONFIG_ENV = {name: {"SGLANG_SM120_LEAN_MOE": "1"} for name in CONFIGS if name.startswith("layerwise")}
 KV_TOKENS_RE = re.compile(r"#tokens: (\d+)|max_total_num_tokens=(\d+)")
 OOM_RE = re.compile(r"out of memory|OutOfMemoryError|CUDA_ERROR_OUT_OF_MEMORY", re.I)
 MOE_KERNEL_RE = re.compile(r"moe|expert|grouped|topk_sigmoid|biased_grouped_topk|moe_fused_gate|"
@@ -364,7 +372,9 @@ def write_results(out: Path, doc: dict) -> None:
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--variant", default="experts-fp4", choices=("experts-fp4", "all-fp4"))
-    ap.add_argument("--configs", nargs="+", choices=list(CONFIGS), default=list(CONFIGS))
+    ap.add_argument("--configs", nargs="+", choices=list(CONFIGS), default=DEFAULT_CONFIGS,
+                    help="default: " + " ".join(DEFAULT_CONFIGS) + "; layerwise_moe_sm120 / layerwise_moe_marlin "
+                    "compare the MoE backends (experts-fp4 variant)")
     ap.add_argument("--groups", nargs="+", type=int, help="context lengths to run (default: all of the plan)")
     ap.add_argument("--quick", action="store_true", help="one process per configuration, 256-token contexts")
     ap.add_argument("--skip", nargs="*", default=[], choices=("histogram", "profile"))

@@ -147,6 +147,47 @@ def test_pack_and_free_a_layers_experts_on_cpu():
     assert got.nbytes() >= sum(t.numel() * t.element_size() for t in loaded.values()) - 64
 
 
+def _dummy_load(layer):
+    """What upstream's initialize_dummy_weights does to every float parameter (fp8 via fp16)."""
+    from sglang.srt.model_loader.weight_utils import initialize_dummy_weights
+
+    initialize_dummy_weights(layer)
+
+
+def test_dummy_loaded_scales_pack_by_magnitude_with_one_warning(monkeypatch, caplog):
+    from sglang.sm120 import fp4_layer
+
+    monkeypatch.setattr(fp4_layer, "_placeholder_warned", False)
+    layer = nvfp4_layer()
+    _dummy_load(layer)
+    raw = layer.w13_weight_scale.data.view(torch.uint8)
+    assert bool((raw > 0x80).any()) and bool((layer.w2_weight_scale_2.data <= 0).any())  # what the packers refuse
+    with pytest.raises(ValueError, match="must be finite and > 0|negative block scales"):
+        kmoe.pack_experts(**{n: getattr(layer, n).data for n in fp4_moe.EXPERT_TENSORS})
+    loaded = {n: getattr(layer, n).data.clone() for n in fp4_moe.EXPERT_TENSORS}
+    second = nvfp4_layer(seed=1)
+    _dummy_load(second)
+    with caplog.at_level(logging.WARNING, logger=fp4_layer.__name__):
+        fp4_moe.process_weights_after_loading(layer)
+        fp4_moe.process_weights_after_loading(second)  # the second layer packs without a second line
+    assert len([r for r in caplog.records if "--load-format dummy" in r.getMessage()]) == 1
+    want = kmoe.pack_experts(
+        **dict(loaded, w13_weight_scale=(loaded["w13_weight_scale"].view(torch.uint8) & 0x7F).view(torch.float8_e4m3fn),
+               w2_weight_scale=(loaded["w2_weight_scale"].view(torch.uint8) & 0x7F).view(torch.float8_e4m3fn),
+               w13_weight_scale_2=torch.where(loaded["w13_weight_scale_2"] == 0, 1.0, loaded["w13_weight_scale_2"].abs()),
+               w2_weight_scale_2=torch.where(loaded["w2_weight_scale_2"] == 0, 1.0, loaded["w2_weight_scale_2"].abs())))
+    for name in ("w13_scales", "w13_alpha", "w2_scales", "w2_alpha"):
+        assert torch.equal(getattr(layer.sm120_experts, name).view(torch.uint8), getattr(want, name).view(torch.uint8)), name
+
+
+def test_checkpoint_scales_pass_untouched():
+    from sglang.sm120 import fp4_layer
+
+    w = kmoe.synthetic_experts(2, 64, 32, "cpu")
+    s, g = fp4_layer.packable_scales(w["w2_weight_scale"], w["w2_weight_scale_2"], "x")
+    assert s is w["w2_weight_scale"] and g is w["w2_weight_scale_2"]
+
+
 @pytest.mark.parametrize("change,why", [
     (dict(activation="gelu"), "activation 'gelu'"),
     (dict(is_gated=False), "gated=False"),

@@ -43,6 +43,34 @@ def _rebind(layer: torch.nn.Module, name: str, value: torch.Tensor) -> None:
         setattr(layer, name, torch.nn.Parameter(value.detach(), requires_grad=False))
 
 
+_placeholder_warned = False
+
+
+def packable_scales(block_scales: torch.Tensor, global_scales: torch.Tensor, where: str):
+    """(block_scales, global_scales) as the packers take them. `--load-format dummy` (upstream's
+    initialize_dummy_weights) fills every float parameter, NVFP4 scales included, with
+    U(-1e-3, 1e-3): negative e4m3 block scales and global scales <= 0, which no checkpoint holds
+    and the packers refuse. Such values are taken by magnitude (a global scale of 0 becomes 1),
+    with one warning per process, so the layer packs and a benchmark reads the bytes real weights
+    would; upstream's kernels read them as they are. NaN stays NaN (the packers refuse it)."""
+    global _placeholder_warned
+    raw = block_scales.view(torch.uint8)
+    negative_blocks = bool((raw > 0x80).any())  # 0x80 is -0: harmless
+    g = global_scales.float()
+    bad_globals = bool((g <= 0).any())
+    if not (negative_blocks or bad_globals):
+        return block_scales, global_scales
+    if not _placeholder_warned:
+        _placeholder_warned = True
+        logger.warning("%s: NVFP4 scales no checkpoint holds (negative block scales or global scales <= 0, as "
+                       "--load-format dummy writes them): taking their magnitudes (logged once per process)", where)
+    if negative_blocks:
+        block_scales = (raw & 0x7F).view(block_scales.dtype)
+    if bad_globals:
+        global_scales = torch.where(g == 0, torch.ones_like(g), g.abs()).to(global_scales.dtype)
+    return block_scales, global_scales
+
+
 def uses_w4a16(m: int) -> bool:
     """Whether apply() runs a call of M tokens on the W4A16 path (else W4A4)."""
     return m <= W4A16_MAX_M or LARGE_M_PATH == "w4a16"
@@ -51,9 +79,10 @@ def uses_w4a16(m: int) -> bool:
 def repack(layer: torch.nn.Module) -> None:
     """Repack a loaded ModelOpt NVFP4 linear layer into the kernel layout (once, at load time)."""
     require_kernels()
-    weight, scale = layer.weight.data, layer.weight_scale.data
-    ws2_parts = layer.weight_scale_2.data.float().reshape(-1)
-    in_parts = layer.input_scale.data.float().reshape(-1)
+    weight = layer.weight.data
+    scale, ws2_parts = packable_scales(layer.weight_scale.data, layer.weight_scale_2.data.float().reshape(-1),
+                                       f"NVFP4 linear layer {tuple(weight.shape)}")
+    _, in_parts = packable_scales(scale[:0], layer.input_scale.data.float().reshape(-1), "its input scale")
     ws2 = ws2_parts.max()
     if ws2_parts.numel() > 1 and not bool(torch.all(ws2_parts == ws2)):
         # ModelOpt gives fused q/k/v and gate/up one shared weight_scale_2; upstream takes the max

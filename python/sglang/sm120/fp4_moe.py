@@ -103,7 +103,13 @@ def process_weights_after_loading(layer: torch.nn.Module) -> None:
     copy of w13, then the packed stacks, in batches of experts)."""
     from sglang.sm120 import kernels
 
+    from sglang.sm120.fp4_layer import packable_scales
+
     tensors = {name: getattr(layer, name).data for name in EXPERT_TENSORS}
+    where = f"NVFP4 MoE layer {getattr(layer, 'layer_id', '?')}"
+    for w in ("w13", "w2"):
+        tensors[f"{w}_weight_scale"], tensors[f"{w}_weight_scale_2"] = packable_scales(
+            tensors[f"{w}_weight_scale"], tensors[f"{w}_weight_scale_2"], where)
     layer.sm120_experts = kernels.pack_experts(**tensors)
     del tensors
     for name in EXPERT_TENSORS:

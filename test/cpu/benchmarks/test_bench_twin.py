@@ -156,3 +156,12 @@ def test_projection_arithmetic(projection, tmp_path):
     f = tmp_path / "in.json"
     f.write_text(json.dumps(p))
     assert projection.main(["--inputs", str(f)]) == 0
+
+
+def test_moe_backend_configs_are_layerwise_plus_the_backend_and_by_name_only(bench):
+    assert bench.DEFAULT_CONFIGS == ["upstream_ceiling", "full_graphs_1024", "layerwise"]
+    for backend in ("sm120", "marlin"):
+        name = f"layerwise_moe_{backend}"
+        args = bench.config_args(name, 256)
+        assert args == bench.config_args("layerwise", 256) + ["--moe-runner-backend", backend]
+        assert bench.CONFIG_ENV[name] == {"SGLANG_SM120_LEAN_MOE": "1"}
