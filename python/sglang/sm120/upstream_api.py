@@ -173,6 +173,14 @@ ANCHORS: Dict[str, Dict[str, Optional[str]]] = {
     "UnquantizedFusedMoEMethod.forward_cuda": _both(
         "sglang.srt.layers.quantization.unquant:UnquantizedFusedMoEMethod.forward_cuda"),
     "StandardTopKOutput": _both("sglang.srt.layers.moe.topk:StandardTopKOutput"),
+    # check/moe_timing.py: upstream's NVFP4 Marlin MoE (ModelOptNvFp4FusedMoEMethod's SM80-SM90 path)
+    # and bf16 Triton fused MoE, timed beside the grouped W4A16 kernel
+    "MoeRunnerConfig": _both("sglang.srt.layers.moe.moe_runner.base:MoeRunnerConfig"),
+    "MarlinMoeQuantInfo": _both("sglang.srt.layers.moe.moe_runner.marlin:MarlinMoeQuantInfo"),
+    "fused_experts_none_to_marlin": _both("sglang.srt.layers.moe.moe_runner.marlin:fused_experts_none_to_marlin"),
+    "prepare_moe_nvfp4_layer_for_marlin": _both(
+        "sglang.srt.layers.quantization.marlin_utils_fp4:prepare_moe_nvfp4_layer_for_marlin"),
+    "fused_experts": _both("sglang.srt.layers.moe.moe_runner.triton_utils.fused_moe:fused_experts"),
     "fused_moe._is_cuda": _both("sglang.srt.layers.moe.moe_runner.triton_utils.fused_moe:_is_cuda"),
     "fused_moe.get_config_dtype_str": _both(
         "sglang.srt.layers.moe.moe_runner.triton_utils.fused_moe:get_config_dtype_str"),

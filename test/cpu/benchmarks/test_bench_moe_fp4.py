@@ -7,8 +7,6 @@ import pytest
 import repo_scripts
 import torch
 
-pytestmark = pytest.mark.base_independent
-
 NAMES = ["glm5-tp8", "glm5-ep8", "qwen3-30b"]
 
 
