@@ -161,7 +161,7 @@ def test_dummy_loaded_scales_pack_by_magnitude_with_one_warning(monkeypatch, cap
     layer = nvfp4_layer()
     _dummy_load(layer)
     raw = layer.w13_weight_scale.data.view(torch.uint8)
-    assert bool((raw > 0x80).any()) and bool((layer.w2_weight_scale_2.data <= 0).any())  # what the packers refuse
+    assert bool((raw > 0x80).any())  # what the packers refuse (0.5.16 also writes global scales <= 0; 0.5.23 sets 1)
     with pytest.raises(ValueError, match="must be finite and > 0|negative block scales"):
         kmoe.pack_experts(**{n: getattr(layer, n).data for n in fp4_moe.EXPERT_TENSORS})
     loaded = {n: getattr(layer, n).data.clone() for n in fp4_moe.EXPERT_TENSORS}

@@ -49,8 +49,8 @@ _placeholder_warned = False
 def packable_scales(block_scales: torch.Tensor, global_scales: torch.Tensor, where: str):
     """(block_scales, global_scales) as the packers take them. `--load-format dummy` (upstream's
     initialize_dummy_weights) fills every float parameter, NVFP4 scales included, with
-    U(-1e-3, 1e-3): negative e4m3 block scales and global scales <= 0, which no checkpoint holds
-    and the packers refuse. Such values are taken by magnitude (a global scale of 0 becomes 1),
+    U(-1e-3, 1e-3): negative e4m3 block scales and (0.5.16; 0.5.23 sets them to 1) global scales
+    <= 0, which no checkpoint holds and the packers refuse. Such values are taken by magnitude (a global scale of 0 becomes 1),
     with one warning per process, so the layer packs and a benchmark reads the bytes real weights
     would; upstream's kernels read them as they are. NaN stays NaN (the packers refuse it)."""
     global _placeholder_warned
