@@ -50,7 +50,7 @@ SM120_FP4_FLOPS = 2.0e15
 # The timing harness lives in the overlay (the installed wheel carries it for
 # `python -m sglang.sm120 check`).
 from sglang.sm120.check.gemm_timing import (  # noqa: E402
-    bf16_bytes, copies_for, copy_bandwidth, fp4_bytes, launch_floor_us, load_marlin, marlin_copies,
+    bench_device, bf16_bytes, copies_for, copy_bandwidth, fp4_bytes, launch_floor_us, load_marlin, marlin_copies,
     marlin_ops, rotating_weights, select_shapes, shape_weight, shapes, time_ops)
 
 
@@ -368,13 +368,7 @@ def main():
                     help="time budget: shapes not started within it are skipped (and listed in the results)")
     args = ap.parse_args()
     log = Log()
-    if not torch.cuda.is_available():
-        sys.exit("error: needs a CUDA GPU")
-    if not K.available():
-        sys.exit("error: libsm120_kernels.so not built: PYTHONPATH=python python3 -m forkbuild.kernels "
-                 "--out python/sglang/sm120/kernels/lib")
-    torch.backends.cuda.matmul.allow_tf32 = False
-    props = torch.cuda.get_device_properties(0)
+    props = bench_device()
     l2 = props.L2_cache_size
     date = _dt.date.today().isoformat()
     meta = {"date": date, "device": props.name, "capability": list(torch.cuda.get_device_capability(0)),

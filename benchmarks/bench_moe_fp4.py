@@ -230,16 +230,10 @@ def main(argv=None):
     import torch
 
     from sglang.sm120 import kernels as K
-    from sglang.sm120.check.gemm_timing import copy_bandwidth, launch_floor_us
+    from sglang.sm120.check.gemm_timing import bench_device, copy_bandwidth, launch_floor_us
 
     log = Log()
-    if not torch.cuda.is_available():
-        sys.exit("error: needs a CUDA GPU")
-    if not K.available():
-        sys.exit("error: libsm120_kernels.so not built: PYTHONPATH=python python3 -m forkbuild.kernels "
-                 "--out python/sglang/sm120/kernels/lib")
-    torch.backends.cuda.matmul.allow_tf32 = False
-    props = torch.cuda.get_device_properties(0)
+    props = bench_device()
     try:
         import sglang
         sglang_version = getattr(sglang, "__version__", None)

@@ -48,6 +48,20 @@ def bf16_bytes(n, k, m):
 _STREAM = None
 
 
+def bench_device():
+    """The properties of GPU 0 for a kernel benchmark, or SystemExit with one line where there is
+    no GPU or no kernel library. TF32 off: the bf16 baselines are plain bf16 products."""
+    from sglang.sm120 import kernels
+
+    if not torch.cuda.is_available():
+        raise SystemExit("error: needs a CUDA GPU")
+    if not kernels.available():
+        raise SystemExit("error: libsm120_kernels.so not built: PYTHONPATH=python python3 -m forkbuild.kernels "
+                         "--out python/sglang/sm120/kernels/lib")
+    torch.backends.cuda.matmul.allow_tf32 = False
+    return torch.cuda.get_device_properties(0)
+
+
 def time_ops(ops, reps):
     """Median microseconds per op: CUDA-graph replays of all ops (one per rotating weight copy)."""
     global _STREAM
