@@ -17,6 +17,7 @@ expert e's tiles and scales start at e times one expert's bytes.
 from __future__ import annotations
 
 import ctypes
+import functools
 from dataclasses import dataclass
 from typing import Optional
 
@@ -176,11 +177,17 @@ def moe_plan(tokens: int, topk: int, num_experts: int, hidden: int, intermediate
     """The kernel's plan of a call (host only): M tile, rows per work item, work items, warps per
     tile (gate_up_k_warps / down_k_warps: 0 = the plan's choice, else 1, 2, 4 or 8, for sweeps)."""
     warps = _k_warps(gate_up_k_warps, "gate_up_k_warps"), _k_warps(down_k_warps, "down_k_warps")
+    plan = _plan(tokens, topk, num_experts, hidden, intermediate, *warps)
+    return dict(zip(("m_tiles", "rows_per_item", "max_items", "gate_up_k_warps", "down_k_warps"), plan))
+
+
+@functools.lru_cache(maxsize=256)
+def _plan(*args) -> tuple:
+    # A pure function of its arguments, asked by every layer of every eager MoE step: one library
+    # call per shape and batch size, not per call.
     out = (ctypes.c_int * 5)()
-    _lib.check(_lib.load().sm120_moe_w4a16_plan(tokens, topk, num_experts, hidden, intermediate, *warps, out),
-               "moe_w4a16_plan")
-    return {"m_tiles": out[0], "rows_per_item": out[1], "max_items": out[2],
-            "gate_up_k_warps": out[3], "down_k_warps": out[4]}
+    _lib.check(_lib.load().sm120_moe_w4a16_plan(*args, out), "moe_w4a16_plan")
+    return tuple(out)
 
 
 def _k_warps(value, name: str) -> int:
