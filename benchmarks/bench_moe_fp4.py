@@ -3,6 +3,7 @@
     python3 benchmarks/bench_moe_fp4.py [--shapes glm5-tp8,...] [--tokens 1,2,...] [--results-dir DIR]
     python3 benchmarks/bench_moe_fp4.py --plan      # the cases, one JSON line each; no GPU needed
     python3 benchmarks/bench_moe_fp4.py --k-warps 8/1,4/1,2/1,1/1   # plus ours at fixed warps per tile
+    python3 benchmarks/bench_moe_fp4.py --pdl-off --profile 1,64,1024   # plus ours without PDL; kernel split
 
 One run times, per MoE shape set of sglang.sm120.model_shapes.MOE_SHAPES (GLM-5 one rank of TP 8 and
 of EP 8, Qwen3-30B-A3B) and tokens 1..1024, top-8, synthetic_routing:
@@ -31,6 +32,7 @@ import datetime as _dt
 import json
 import math
 import os
+import re
 import shutil
 import sys
 import time
@@ -169,7 +171,40 @@ def sweep_key(g: int, d: int) -> str:
     return f"sm120_kw{g}_{d}"
 
 
-def bench_shape(s, tokens, l2, copy_bw, reps, log, k_warps=()):
+NOPDL = "sm120_nopdl"
+
+
+def kernel_split(ops, x, routes, calls=8):
+    """{backend: {kernel: us per call}} from torch.profiler over `calls` eager calls of each op
+    (after one warm-up each): which kernels a layer call runs and how long each takes on the GPU;
+    "gpu_sum" is their total (gaps between them are not in it)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    out = {}
+    for key in ("sm120", NOPDL, "marlin", "bf16"):
+        if key not in ops:
+            continue
+        rts = routes(key)
+        ops[key](x, *rts[0])
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for j in range(calls):
+                ops[key](x, *rts[j % len(rts)])
+            torch.cuda.synchronize()
+        per = {}
+        for ev in prof.key_averages():
+            us = getattr(ev, "device_time_total", None) or getattr(ev, "cuda_time_total", 0)
+            if us and ev.count:
+                name = re.sub(r"^void ", "", ev.key.replace("(anonymous namespace)::", ""))
+                per[name.split("(")[0][:70]] = round(us / calls, 2)
+        top = dict(sorted(per.items(), key=lambda kv: -kv[1])[:8])
+        top["gpu_sum"] = round(sum(per.values()), 2)
+        out[key] = top
+    return out
+
+
+def bench_shape(s, tokens, l2, copy_bw, reps, log, k_warps=(), pdl_off=False, profile_tokens=()):
     import torch
 
     from sglang.sm120 import kernels as K
@@ -182,7 +217,9 @@ def bench_shape(s, tokens, l2, copy_bw, reps, log, k_warps=()):
     for g, d in k_warps:  # the plan's warps-per-tile choice against fixed ones, same calls otherwise
         ops[sweep_key(g, d)] = (lambda g, d: lambda x, ids, w: K.moe_w4a16(
             x, ids, w, packed, routed_scaling_factor=s.routed_scaling, gate_up_k_warps=g, down_k_warps=d))(g, d)
-    order = ORDER + tuple(sweep_key(g, d) for g, d in k_warps)
+    if pdl_off:
+        ops[NOPDL] = lambda x, ids, w: K.moe_w4a16(x, ids, w, packed, routed_scaling_factor=s.routed_scaling, pdl=False)
+    order = ORDER + tuple(sweep_key(g, d) for g, d in k_warps) + ((NOPDL,) if pdl_off else ())
     rows = []
     for t in tokens:
         cell = MT.time_row(s, t, ops, order, packed.expert_weight_bytes(), l2, reps, dev, seed=SEED + 1)
@@ -193,6 +230,16 @@ def bench_shape(s, tokens, l2, copy_bw, reps, log, k_warps=()):
             r["k_warps_us"] = {f"{g}/{d}": cell["us"].get(sweep_key(g, d)) for g, d in k_warps}
             log(f"  {s.name:10s} T={t:5d} plan {r['plan_k_warps']}: ours {r['ours_us']} us; fixed "
                 + ", ".join(f"{k} {v} us" for k, v in r["k_warps_us"].items()))
+        if pdl_off:
+            r["ours_nopdl_us"] = cell["us"].get(NOPDL)
+            log(f"  {s.name:10s} T={t:5d} ours {r['ours_us']} us, without PDL {r['ours_nopdl_us']} us")
+        if t in profile_tokens:
+            routes = MT.routings(s, t, 8, dev, seed=SEED + 2)
+            r["kernel_split_us"] = kernel_split(
+                ops, torch.randn(t, s.hidden, device=dev).to(torch.bfloat16),
+                lambda key: MT.marlin_weights(routes, s) if key == "marlin" else routes)
+            for key, split in r["kernel_split_us"].items():
+                log(f"  {s.name:10s} T={t:5d} {key} kernels (us per call): " + json.dumps(split))
         r["expert_weight_bytes"] = packed.expert_weight_bytes()
         rows.append(r)
         log(f"  {s.name:10s} T={t:5d} experts {r['experts_hit_mean']:6.1f}  ours {r['ours_us']:8.2f} us "
@@ -213,6 +260,11 @@ def main(argv=None):
     ap.add_argument("--results-dir", type=Path, default=REPO / "benchmarks" / "results")
     ap.add_argument("--k-warps", default="", help="extra ours columns with fixed gate_up/down warps per "
                     "weight tile, e.g. 8/1,4/1,2/1,1/1 (a sweep of the plan's choice; not in the targets)")
+    ap.add_argument("--pdl-off", action="store_true",
+                    help="an extra ours column launched without PDL (SGLANG_SM120_PDL=0; not in the targets)")
+    ap.add_argument("--profile", default="", metavar="TOKENS",
+                    help="comma list of token counts whose rows also get each backend's kernels and their GPU "
+                         "time per call (torch.profiler over eager calls)")
     ap.add_argument("--plan", "--dry-run", dest="plan", action="store_true",
                     help="print the cases (one JSON line each) and exit; needs no GPU")
     args = ap.parse_args(argv)
@@ -221,6 +273,7 @@ def main(argv=None):
         tokens = tuple(int(t) for t in args.tokens.split(",") if t.strip()) or TOKENS
         sel = cases(names, tokens)
         k_warps = parse_k_warps(args.k_warps)
+        profile_tokens = tuple(int(t) for t in args.profile.split(",") if t.strip())
     except ValueError as exc:
         ap.error(str(exc))
     if args.plan:
@@ -259,7 +312,8 @@ def main(argv=None):
         s = moe_shape(name)
         log(f"{name}: {s.experts} local experts of {s.routed_over}, gate_up {2 * s.inter} x {s.hidden}, "
             f"down {s.hidden} x {s.inter}, top-{s.topk}")
-        shape_rows, errors = bench_shape(s, tokens, props.L2_cache_size, copy_bw, args.reps, log, k_warps)
+        shape_rows, errors = bench_shape(s, tokens, props.L2_cache_size, copy_bw, args.reps, log, k_warps,
+                                         args.pdl_off, profile_tokens)
         rows += shape_rows
         if "marlin" in errors:
             missing[name] = errors["marlin"]

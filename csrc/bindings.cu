@@ -100,8 +100,9 @@ const char* sm120_last_error() { return g_error; }
 // 4: `flags` (kW4A16Pdl | kW4A16ClusterReduce) for the W4A16 GEMM and its plan, plan out[5];
 // 5: flag kW4A16EightWarps; 6: plan out[6] = split target (the default is no longer 2 per SM);
 // 7: flags kW4A16WarpK / kW4A16SplitK, plan out[7] = warp-K kernel;
-// 8: flag kW4A16AutoWarps, plan out[8] = split-K warps per CTA; 9: sm120_moe_w4a16(_plan)
-int sm120_abi_version() { return 9; }
+// 8: flag kW4A16AutoWarps, plan out[8] = split-K warps per CTA; 9: sm120_moe_w4a16(_plan);
+// 10: sm120_moe_w4a16 takes `pdl`
+int sm120_abi_version() { return 10; }
 
 const char* sm120_build_archs() { return SM120_BUILD_ARCHS; }
 
@@ -250,11 +251,12 @@ int sm120_moe_w4a16_plan(int T, int topk, int E, int H, int I, int gate_up_k_war
 // e = topk_ids[t, k]; ids outside [0, E) contribute nothing. Weights packed by kernels/moe.py
 // (pack_experts); sorted_slots int32 [T * topk], work int4 [plan's work items], work_count int32,
 // act bf16 [T * topk, I] and y bf16 [T * topk, H] are scratch the caller owns (no zeroing needed).
+// pdl: programmatic dependent launch between the call's own kernels (moe_w4a16.cu).
 int sm120_moe_w4a16(int device, const void* hidden, const void* topk_ids, const void* topk_weights,
                     const void* w13, const void* w13_scales, const void* w13_alpha, const void* w2,
                     const void* w2_scales, const void* w2_alpha, void* sorted_slots, void* work,
                     void* work_count, void* act, void* y, void* out, int T, int topk, int E, int H,
-                    int I, float scale, int gate_up_k_warps, int down_k_warps, void* stream) {
+                    int I, float scale, int gate_up_k_warps, int down_k_warps, int pdl, void* stream) {
   if (!hidden || !topk_ids || !topk_weights || !w13 || !w13_scales || !w13_alpha || !w2 || !w2_scales ||
       !w2_alpha || !sorted_slots || !work || !work_count || !act || !y || !out)
     return set_error(kInvalidArgument, "moe_w4a16: null pointer");
@@ -298,6 +300,7 @@ int sm120_moe_w4a16(int device, const void* hidden, const void* topk_ids, const 
   a.H = H;
   a.I = I;
   a.scale = scale;
+  a.pdl = pdl != 0;
   return launch_moe_w4a16(a, plan_moe_w4a16(T, topk, E, H, I, gate_up_k_warps, down_k_warps),
                           static_cast<cudaStream_t>(stream));
 }

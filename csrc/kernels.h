@@ -205,6 +205,7 @@ struct MoeArgs {
   void* out;                 // bf16 [T, H]
   int T, topk, E, H, I;
   float scale;               // routed scaling factor
+  bool pdl;                  // gate_up, down and reduce each start before the previous kernel ends
 };
 int launch_moe_w4a16(const MoeArgs& args, const MoePlan& plan, cudaStream_t stream);
 

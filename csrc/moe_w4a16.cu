@@ -15,6 +15,10 @@
 //    in fp32 from the accumulators and stored once, in bf16, at the row's sorted position.
 //    down: the row's routing weight is applied in fp32 and the bf16 result stored at its slot.
 // 3. moe_reduce_kernel: out[t] = scale * sum over k = 0..topk-1 in that order (fp32) -> bf16.
+// With `pdl`, gate_up, down and reduce are launched with programmatic dependent launch: each starts
+// while the previous kernel drains. gate_up waits before reading anything; down reads its work item
+// (the align kernel's, complete once every gate_up CTA has passed its own wait, which precedes its
+// trigger) and pulls its weight slice into L2 before waiting for the activations.
 // Fixed summation orders everywhere: identical inputs give identical outputs.
 #include "w4a16.cuh"
 
@@ -70,12 +74,24 @@ __device__ __forceinline__ void store_down(const MoeGemmParams& p, int pos0, int
   }
 }
 
+// A warp's K slice of one weight tile (chunks [c_begin, c_end): 512 B of weights and the tile's
+// 64 B of scales each) pulled into L2, one 128-B line per lane and step.
+__device__ __forceinline__ void prefetch_slice_l2(const uint8_t* w, const uint8_t* s, int c_begin, int c_end,
+                                                  int lane) {
+  for (int i = lane; i < (c_end - c_begin) * 5; i += 32) {
+    const int c = c_begin + i / 5, part = i % 5;
+    const uint8_t* line = part < 4 ? w + (int64_t)c * 512 + part * 128 : s + (int64_t)c * 512;
+    asm volatile("prefetch.global.L2 [%0];\n" ::"l"(line));
+  }
+}
+
 template <int M_TILES, bool GATE_UP>
 __global__ void __launch_bounds__(32 * kMoeWarps, 2) moe_w4a16_kernel(const MoeGemmParams p) {
   // Chunks a warp loads before computing them: 4 x 16 B of weights in flight per thread (2 CTAs of
   // 8 warps per SM leave 128 registers a thread, and the build refuses spills).
   constexpr int kBatch = 4;
   __shared__ float part[kMoeWarps][M_TILES * 4][32];
+  if (GATE_UP) pdl_wait();  // the work list is the align kernel's (down: see the header)
   if ((int)blockIdx.x >= __ldg(p.work_count)) return;  // whole CTA: before any barrier
   const int4 item = __ldg(p.work + blockIdx.x);
   const int expert = item.x, pos0 = item.y, rows = item.z;
@@ -104,6 +120,10 @@ __global__ void __launch_bounds__(32 * kMoeWarps, 2) moe_w4a16_kernel(const MoeG
     x_off[mt] = x_row * p.K + 8 * t;
   }
   const uint32_t scale_sel = w4a16_scale_select(t);
+  if (!GATE_UP) {  // the weight slice to L2 while gate_up drains, then its activations
+    prefetch_slice_l2(w_src - lane * 16, s_src - w4a16_scale_offset(g), c_begin, c_end, lane);
+    pdl_wait();
+  }
 
   float acc[M_TILES][4] = {};
   for (int c0 = c_begin; c0 < c_end; c0 += kBatch) {
@@ -133,6 +153,7 @@ __global__ void __launch_bounds__(32 * kMoeWarps, 2) moe_w4a16_kernel(const MoeG
       w4a16_chunk_mma<M_TILES>(acc, wq[u], sc[u], scale_sel, xl, xh);
     }
   }
+  pdl_launch_dependents();
 
   const float alpha0 = 256.0f * __ldg(p.alpha + (GATE_UP ? 2 * expert : expert));
   const float alpha1 = GATE_UP ? 256.0f * __ldg(p.alpha + 2 * expert + 1) : 0.0f;
@@ -249,6 +270,7 @@ __device__ __forceinline__ void bf16x8_accumulate(float (&acc)[8], const uint4& 
 // out[t, 8c .. 8c + 7] = scale * sum over k in order of y[t * topk + k, ...] (valid ids only).
 __global__ void __launch_bounds__(kReduceThreads) moe_reduce_kernel(const __nv_bfloat16* y, const int* ids, int topk,
                                                                    int E, int H, float scale, __nv_bfloat16* out) {
+  pdl_wait();  // y is the down kernel's
   const int t = blockIdx.x;
   const int c8 = (blockIdx.y * kReduceThreads + threadIdx.x) * 8;
   if (c8 >= H) return;
@@ -300,12 +322,12 @@ void set_gemm(MoeGemmParams& p, const void* x, const void* qweight, const void* 
 }
 
 template <bool GATE_UP>
-cudaError_t launch_gemm(const MoeGemmParams& p, int m_tiles, int max_items, cudaStream_t stream) {
+cudaError_t launch_gemm(const MoeGemmParams& p, int m_tiles, int max_items, bool pdl, cudaStream_t stream) {
   const dim3 grid(max_items, ceil_div(p.n_tiles, p.tiles_per_cta)), block(32 * kMoeWarps);
   switch (m_tiles) {
-    case 1: return launch_kernel(moe_w4a16_kernel<1, GATE_UP>, grid, block, stream, false, 1, p);
-    case 2: return launch_kernel(moe_w4a16_kernel<2, GATE_UP>, grid, block, stream, false, 1, p);
-    default: return launch_kernel(moe_w4a16_kernel<4, GATE_UP>, grid, block, stream, false, 1, p);
+    case 1: return launch_kernel(moe_w4a16_kernel<1, GATE_UP>, grid, block, stream, pdl, 1, p);
+    case 2: return launch_kernel(moe_w4a16_kernel<2, GATE_UP>, grid, block, stream, pdl, 1, p);
+    default: return launch_kernel(moe_w4a16_kernel<4, GATE_UP>, grid, block, stream, pdl, 1, p);
   }
 }
 
@@ -344,22 +366,22 @@ int launch_moe_w4a16(const MoeArgs& a, const MoePlan& plan, cudaStream_t stream)
   p.topk_weights = a.topk_weights;
   // gate_up: [2 I_pad rows (gate/up interleaved per 64), K = H] -> activations [S, I]
   set_gemm(p, a.hidden, a.w13, a.w13_scales, a.w13_alpha, a.act, 2 * i_pad, a.H, a.I, plan.gate_up_k_warps);
-  err = launch_gemm<true>(p, plan.m_tiles, plan.max_items, stream);
+  err = launch_gemm<true>(p, plan.m_tiles, plan.max_items, a.pdl, stream);
   if (err != cudaSuccess) {
     (void)cudaGetLastError();
-    return set_error(kLaunchFailed, "moe_w4a16 (gate_up): launch failed (m_tiles=%d): %s", plan.m_tiles,
+    return set_error(kLaunchFailed, "moe_w4a16 (gate_up): launch failed (m_tiles=%d, pdl=%d): %s", plan.m_tiles, a.pdl ? 1 : 0,
                      cudaGetErrorString(err));
   }
   // down: [H_pad rows, K = I] -> y [S, H] by slot, times the routing weight
   set_gemm(p, a.act, a.w2, a.w2_scales, a.w2_alpha, a.y, h_pad, a.I, a.H, plan.down_k_warps);
-  err = launch_gemm<false>(p, plan.m_tiles, plan.max_items, stream);
+  err = launch_gemm<false>(p, plan.m_tiles, plan.max_items, a.pdl, stream);
   if (err != cudaSuccess) {
     (void)cudaGetLastError();
-    return set_error(kLaunchFailed, "moe_w4a16 (down): launch failed (m_tiles=%d): %s", plan.m_tiles,
+    return set_error(kLaunchFailed, "moe_w4a16 (down): launch failed (m_tiles=%d, pdl=%d): %s", plan.m_tiles, a.pdl ? 1 : 0,
                      cudaGetErrorString(err));
   }
   const dim3 rgrid(a.T, ceil_div(a.H / 8, kReduceThreads));
-  err = launch_kernel(moe_reduce_kernel, rgrid, dim3(kReduceThreads), stream, false, 1,
+  err = launch_kernel(moe_reduce_kernel, rgrid, dim3(kReduceThreads), stream, a.pdl, 1,
                       static_cast<const __nv_bfloat16*>(a.y), a.topk_ids, a.topk, a.E, a.H, a.scale,
                       static_cast<__nv_bfloat16*>(a.out));
   if (err != cudaSuccess) {

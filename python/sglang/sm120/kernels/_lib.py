@@ -14,7 +14,7 @@ from typing import Optional
 from sglang.sm120 import settings
 
 LIBRARY_NAME = "libsm120_kernels.so"
-ABI_VERSION = 9
+ABI_VERSION = 10
 
 _lock = threading.Lock()
 _lib: Optional[ctypes.CDLL] = None
@@ -36,7 +36,7 @@ _SIGNATURES = {
     "sm120_gemm_w4a4": (_c_int, [_c_int, _vp, _vp, _vp, _vp, _vp, _vp, _vp, _vp, _c_int, _c_int,
                                  _c_int, _c_int, _vp]),
     "sm120_moe_w4a16_plan": (_c_int, [_c_int] * 7 + [ctypes.POINTER(_c_int)]),
-    "sm120_moe_w4a16": (_c_int, [_c_int] + [_vp] * 15 + [_c_int] * 5 + [ctypes.c_float, _c_int, _c_int, _vp]),
+    "sm120_moe_w4a16": (_c_int, [_c_int] + [_vp] * 15 + [_c_int] * 5 + [ctypes.c_float, _c_int, _c_int, _c_int, _vp]),
 }
 
 

@@ -248,7 +248,7 @@ class MoeScratch:
 def moe_w4a16(hidden_states: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
               experts: PackedExperts, *, routed_scaling_factor: float = 1.0,
               out: Optional[torch.Tensor] = None, scratch: Optional[MoeScratch] = None,
-              gate_up_k_warps: int = 0, down_k_warps: int = 0) -> torch.Tensor:
+              gate_up_k_warps: int = 0, down_k_warps: int = 0, pdl: Optional[bool] = None) -> torch.Tensor:
     """bf16 [T, H] = routed_scaling_factor * sum_k topk_weights[t, k] * down_e(SiLU(gate_e(x)) * up_e(x)),
     e = topk_ids[t, k]; ids outside [0, E) (EP: other ranks' experts) contribute nothing. The k-sum
     runs in order k = 0..topk-1: identical inputs give identical outputs. No host sync; the
@@ -256,8 +256,9 @@ def moe_w4a16(hidden_states: torch.Tensor, topk_ids: torch.Tensor, topk_weights:
     from `scratch` when given (a MoeScratch on the inputs' device), else from torch's caching
     allocator; either way the call is CUDA-graph capturable and every scratch element it reads it
     wrote first, so both give the same bits. gate_up_k_warps / down_k_warps: warps per 16-row
-    weight tile (moe_plan; 0 = the plan's choice)."""
-    from .ops import _out, _ptr, _stream
+    weight tile (moe_plan; 0 = the plan's choice). pdl: programmatic dependent launch between the
+    call's kernels (None: $SGLANG_SM120_PDL, default on; same bits either way)."""
+    from .ops import PDL_DEFAULT, _out, _ptr, _stream
 
     dev, t, topk = _check_routing(hidden_states, topk_ids, topk_weights, experts)
     e, h, i = experts.num_experts, experts.hidden, experts.intermediate
@@ -279,7 +280,7 @@ def moe_w4a16(hidden_states: torch.Tensor, topk_ids: torch.Tensor, topk_weights:
         _ptr(experts.w13_alpha), _ptr(experts.w2), _ptr(experts.w2_scales), _ptr(experts.w2_alpha),
         _ptr(sorted_slots), _ptr(work), _ptr(work_count), _ptr(act), _ptr(per_slot), _ptr(y),
         t, topk, e, h, i, ctypes.c_float(float(routed_scaling_factor)), plan["gate_up_k_warps"],
-        plan["down_k_warps"], _stream(dev))
+        plan["down_k_warps"], int(PDL_DEFAULT if pdl is None else bool(pdl)), _stream(dev))
     _lib.check(rc, "moe_w4a16")
     return y
 

@@ -28,7 +28,8 @@ _WORKSPACE_BYTES = int(settings.number("SGLANG_SM120_WORKSPACE_MB") * (1 << 20))
 # (otherwise it surfaces at some later, unrelated torch call). Not for production or graph capture.
 _SYNC_AFTER_LAUNCH = settings.switch("SGLANG_SM120_KERNEL_SYNC")
 # Programmatic dependent launch of the W4A16 GEMM (its weight prefetch overlaps the previous
-# kernel's tail); SGLANG_SM120_PDL=0 launches it as a plain kernel.
+# kernel's tail) and between the grouped MoE's own kernels; SGLANG_SM120_PDL=0 launches them as
+# plain kernels.
 PDL_DEFAULT = settings.switch("SGLANG_SM120_PDL")
 # Split-K reduced inside a thread-block cluster (<= 8 splits; no workspace round trip through L2)
 # instead of by the last CTA of each tile; SGLANG_SM120_W4A16_CLUSTER=1 makes it the default.
