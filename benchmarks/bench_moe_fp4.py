@@ -4,6 +4,7 @@
     python3 benchmarks/bench_moe_fp4.py --plan      # the cases, one JSON line each; no GPU needed
     python3 benchmarks/bench_moe_fp4.py --k-warps 8/1,4/1,2/1,1/1   # plus ours at fixed warps per tile
     python3 benchmarks/bench_moe_fp4.py --pdl-off --profile 1,64,1024   # plus ours without PDL; kernel split
+    python3 benchmarks/bench_moe_fp4.py --m-tiles 2,4   # plus ours at a fixed M tile (8-token MMA tiles per item)
 
 One run times, per MoE shape set of sglang.sm120.model_shapes.MOE_SHAPES (GLM-5 one rank of TP 8 and
 of EP 8, Qwen3-30B-A3B) and tokens 1..1024, top-8, synthetic_routing:
@@ -174,6 +175,10 @@ def sweep_key(g: int, d: int) -> str:
 NOPDL = "sm120_nopdl"
 
 
+def m_tiles_key(m: int) -> str:
+    return f"sm120_m{m}"
+
+
 def kernel_split(ops, x, routes, calls=8):
     """{backend: {kernel: us per call}} from torch.profiler over `calls` eager calls of each op
     (after one warm-up each): which kernels a layer call runs and how long each takes on the GPU;
@@ -204,7 +209,7 @@ def kernel_split(ops, x, routes, calls=8):
     return out
 
 
-def bench_shape(s, tokens, l2, copy_bw, reps, log, k_warps=(), pdl_off=False, profile_tokens=()):
+def bench_shape(s, tokens, l2, copy_bw, reps, log, k_warps=(), pdl_off=False, profile_tokens=(), m_tiles=()):
     import torch
 
     from sglang.sm120 import kernels as K
@@ -219,7 +224,11 @@ def bench_shape(s, tokens, l2, copy_bw, reps, log, k_warps=(), pdl_off=False, pr
             x, ids, w, packed, routed_scaling_factor=s.routed_scaling, gate_up_k_warps=g, down_k_warps=d))(g, d)
     if pdl_off:
         ops[NOPDL] = lambda x, ids, w: K.moe_w4a16(x, ids, w, packed, routed_scaling_factor=s.routed_scaling, pdl=False)
-    order = ORDER + tuple(sweep_key(g, d) for g, d in k_warps) + ((NOPDL,) if pdl_off else ())
+    for m in m_tiles:
+        ops[m_tiles_key(m)] = (lambda m: lambda x, ids, w: K.moe_w4a16(
+            x, ids, w, packed, routed_scaling_factor=s.routed_scaling, m_tiles=m))(m)
+    order = (ORDER + tuple(sweep_key(g, d) for g, d in k_warps) + ((NOPDL,) if pdl_off else ())
+             + tuple(m_tiles_key(m) for m in m_tiles))
     rows = []
     for t in tokens:
         cell = MT.time_row(s, t, ops, order, packed.expert_weight_bytes(), l2, reps, dev, seed=SEED + 1)
@@ -233,6 +242,11 @@ def bench_shape(s, tokens, l2, copy_bw, reps, log, k_warps=(), pdl_off=False, pr
         if pdl_off:
             r["ours_nopdl_us"] = cell["us"].get(NOPDL)
             log(f"  {s.name:10s} T={t:5d} ours {r['ours_us']} us, without PDL {r['ours_nopdl_us']} us")
+        if m_tiles:
+            r["plan_m_tiles"] = plan["m_tiles"]
+            r["m_tiles_us"] = {str(m): cell["us"].get(m_tiles_key(m)) for m in m_tiles}
+            log(f"  {s.name:10s} T={t:5d} plan M tiles {plan['m_tiles']}: ours {r['ours_us']} us; fixed "
+                + ", ".join(f"{k} {v} us" for k, v in r["m_tiles_us"].items()))
         if t in profile_tokens:
             routes = MT.routings(s, t, 8, dev, seed=SEED + 2)
             r["kernel_split_us"] = kernel_split(
@@ -262,6 +276,8 @@ def main(argv=None):
                     "weight tile, e.g. 8/1,4/1,2/1,1/1 (a sweep of the plan's choice; not in the targets)")
     ap.add_argument("--pdl-off", action="store_true",
                     help="an extra ours column launched without PDL (SGLANG_SM120_PDL=0; not in the targets)")
+    ap.add_argument("--m-tiles", default="", help="extra ours columns at a fixed M tile, e.g. 2,4 (8-token "
+                    "MMA tiles per work item: 1, 2 or 4; a sweep of the plan's choice, not in the targets)")
     ap.add_argument("--profile", default="", metavar="TOKENS",
                     help="comma list of token counts whose rows also get each backend's kernels and their GPU "
                          "time per call (torch.profiler over eager calls)")
@@ -274,6 +290,9 @@ def main(argv=None):
         sel = cases(names, tokens)
         k_warps = parse_k_warps(args.k_warps)
         profile_tokens = tuple(int(t) for t in args.profile.split(",") if t.strip())
+        m_tiles = tuple(int(m) for m in args.m_tiles.split(",") if m.strip())
+        if any(m not in (1, 2, 4) for m in m_tiles):
+            raise ValueError(f"--m-tiles: M tiles are 1, 2 or 4, got {args.m_tiles!r}")
     except ValueError as exc:
         ap.error(str(exc))
     if args.plan:
@@ -313,7 +332,7 @@ def main(argv=None):
         log(f"{name}: {s.experts} local experts of {s.routed_over}, gate_up {2 * s.inter} x {s.hidden}, "
             f"down {s.hidden} x {s.inter}, top-{s.topk}")
         shape_rows, errors = bench_shape(s, tokens, props.L2_cache_size, copy_bw, args.reps, log, k_warps,
-                                         args.pdl_off, profile_tokens)
+                                         args.pdl_off, profile_tokens, m_tiles)
         rows += shape_rows
         if "marlin" in errors:
             missing[name] = errors["marlin"]

@@ -18,8 +18,8 @@
 #   fp4          benchmarks/bench_fp4_gemm.py (ours plain/PDL vs bf16 vs Marlin, split sweep)   300
 #   moe-fp4      (by name only) test_moe_w4a16.py (the grouped NVFP4 W4A16 MoE against moe_reference on the three MoE
 #                shape sets, tokens 1-1024), then benchmarks/bench_moe_fp4.py (ours vs upstream's Marlin
-#                NVFP4 MoE vs bf16 Triton fused MoE, tokens 1-1024; ours without PDL beside it, and each
-#                backend's kernels at 1/64/1024 tokens) -> RESULTS/moe-fp4-h200.{json,md}
+#                NVFP4 MoE vs bf16 Triton fused MoE, tokens 1-1024; ours without PDL and at M tiles 2
+#                and 4 beside it, and each backend's kernels at 1/64/1024 tokens) -> RESULTS/moe-fp4-h200.{json,md}
 #                (logs RESULTS/moe-fp4-test.log, RESULTS/moe-fp4.log)                       600 + 900
 #   moe-fp4-sweep (by name only) bench_moe_fp4.py on the GLM-5 sets with ours also at fixed warps per
 #                weight tile (8/1 4/1 2/1 1/1 and the down side at 8, 4, 2): is the plan's choice the best
@@ -140,7 +140,7 @@ for s in "${STEPS[@]}"; do
     fp4) step fp4 300 "$PY" benchmarks/bench_fp4_gemm.py --max-seconds 200 --results-dir "$RES" ;;
     moe-fp4)  # the benchmark runs even when a test fails: its own sanity check gates what it times
       step moe-fp4-test 600 "$PY" -m pytest -m gpu -q -rA -p no:cacheprovider test/gpu/test_moe_w4a16.py
-      step moe-fp4 900 "$PY" benchmarks/bench_moe_fp4.py --pdl-off --profile 1,64,1024 --results-dir "$RES" ;;
+      step moe-fp4 900 "$PY" benchmarks/bench_moe_fp4.py --pdl-off --m-tiles 2,4 --profile 1,64,1024 --results-dir "$RES" ;;
     moe-fp4-sweep)
       step moe-fp4-sweep 900 "$PY" benchmarks/bench_moe_fp4.py --shapes glm5-tp8,glm5-ep8 --reps 9 \
         --k-warps 8/1,4/1,2/1,1/1,8/8,8/4,8/2 --results-dir "$RES/moe-sweep" ;;

@@ -101,7 +101,7 @@ const char* sm120_last_error() { return g_error; }
 // 5: flag kW4A16EightWarps; 6: plan out[6] = split target (the default is no longer 2 per SM);
 // 7: flags kW4A16WarpK / kW4A16SplitK, plan out[7] = warp-K kernel;
 // 8: flag kW4A16AutoWarps, plan out[8] = split-K warps per CTA; 9: sm120_moe_w4a16(_plan);
-// 10: sm120_moe_w4a16 takes `pdl`
+// 10: sm120_moe_w4a16 takes `m_tiles` and `pdl`, its plan `m_tiles`
 int sm120_abi_version() { return 10; }
 
 const char* sm120_build_archs() { return SM120_BUILD_ARCHS; }
@@ -228,17 +228,23 @@ static bool moe_k_warps_ok(int k_warps) {
   return k_warps == 0 || k_warps == 1 || k_warps == 2 || k_warps == 4 || k_warps == 8;
 }
 
+static bool moe_m_tiles_ok(int m_tiles) { return m_tiles == 0 || m_tiles == 1 || m_tiles == 2 || m_tiles == 4; }
+
 // Plan of sm120_moe_w4a16 (host only): out = {m_tiles, rows per work item, work items (the size of
 // the `work` buffer in int4), gate_up warps per tile, down warps per tile}. *_k_warps: 0 = the
-// plan's choice, else 1, 2, 4 or 8 warps per 16-row tile (for sweeps).
-int sm120_moe_w4a16_plan(int T, int topk, int E, int H, int I, int gate_up_k_warps, int down_k_warps, int* out) {
+// plan's choice, else 1, 2, 4 or 8 warps per 16-row tile; m_tiles: 0 = the plan's, else 1, 2 or 4
+// 8-token MMA tiles per work item (both for sweeps).
+int sm120_moe_w4a16_plan(int T, int topk, int E, int H, int I, int gate_up_k_warps, int down_k_warps, int m_tiles,
+                         int* out) {
   if (T <= 0 || topk <= 0 || E <= 0 || E > kMoeMaxExperts || H <= 0 || I <= 0 || out == nullptr)
     return set_error(kInvalidArgument, "moe_w4a16_plan: need T, topk, H, I > 0 and 0 < E <= %d; got T=%d topk=%d E=%d H=%d I=%d",
                      kMoeMaxExperts, T, topk, E, H, I);
   if (!moe_k_warps_ok(gate_up_k_warps) || !moe_k_warps_ok(down_k_warps))
     return set_error(kInvalidArgument, "moe_w4a16_plan: warps per tile must be 0 (auto), 1, 2, 4 or 8; got gate_up %d, down %d",
                      gate_up_k_warps, down_k_warps);
-  const MoePlan p = plan_moe_w4a16(T, topk, E, H, I, gate_up_k_warps, down_k_warps);
+  if (!moe_m_tiles_ok(m_tiles))
+    return set_error(kInvalidArgument, "moe_w4a16_plan: m_tiles must be 0 (auto), 1, 2 or 4; got %d", m_tiles);
+  const MoePlan p = plan_moe_w4a16(T, topk, E, H, I, gate_up_k_warps, down_k_warps, m_tiles);
   out[0] = p.m_tiles;
   out[1] = p.rows_per_item;
   out[2] = p.max_items;
@@ -251,12 +257,12 @@ int sm120_moe_w4a16_plan(int T, int topk, int E, int H, int I, int gate_up_k_war
 // e = topk_ids[t, k]; ids outside [0, E) contribute nothing. Weights packed by kernels/moe.py
 // (pack_experts); sorted_slots int32 [T * topk], work int4 [plan's work items], work_count int32,
 // act bf16 [T * topk, I] and y bf16 [T * topk, H] are scratch the caller owns (no zeroing needed).
-// pdl: programmatic dependent launch between the call's own kernels (moe_w4a16.cu).
+// m_tiles as in the plan; pdl: programmatic dependent launch between the call's own kernels (moe_w4a16.cu).
 int sm120_moe_w4a16(int device, const void* hidden, const void* topk_ids, const void* topk_weights,
                     const void* w13, const void* w13_scales, const void* w13_alpha, const void* w2,
                     const void* w2_scales, const void* w2_alpha, void* sorted_slots, void* work,
                     void* work_count, void* act, void* y, void* out, int T, int topk, int E, int H,
-                    int I, float scale, int gate_up_k_warps, int down_k_warps, int pdl, void* stream) {
+                    int I, float scale, int gate_up_k_warps, int down_k_warps, int m_tiles, int pdl, void* stream) {
   if (!hidden || !topk_ids || !topk_weights || !w13 || !w13_scales || !w13_alpha || !w2 || !w2_scales ||
       !w2_alpha || !sorted_slots || !work || !work_count || !act || !y || !out)
     return set_error(kInvalidArgument, "moe_w4a16: null pointer");
@@ -275,6 +281,8 @@ int sm120_moe_w4a16(int device, const void* hidden, const void* topk_ids, const 
   if (!moe_k_warps_ok(gate_up_k_warps) || !moe_k_warps_ok(down_k_warps))
     return set_error(kInvalidArgument, "moe_w4a16: warps per tile must be 0 (auto), 1, 2, 4 or 8; got gate_up %d, down %d",
                      gate_up_k_warps, down_k_warps);
+  if (!moe_m_tiles_ok(m_tiles))
+    return set_error(kInvalidArgument, "moe_w4a16: m_tiles must be 0 (auto), 1, 2 or 4; got %d", m_tiles);
   DeviceInfo info;
   int rc = use_device(device, &info);
   if (rc != kOk) return rc;
@@ -301,7 +309,7 @@ int sm120_moe_w4a16(int device, const void* hidden, const void* topk_ids, const 
   a.I = I;
   a.scale = scale;
   a.pdl = pdl != 0;
-  return launch_moe_w4a16(a, plan_moe_w4a16(T, topk, E, H, I, gate_up_k_warps, down_k_warps),
+  return launch_moe_w4a16(a, plan_moe_w4a16(T, topk, E, H, I, gate_up_k_warps, down_k_warps, m_tiles),
                           static_cast<cudaStream_t>(stream));
 }
 

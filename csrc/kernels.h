@@ -184,9 +184,10 @@ struct MoePlan {
   int gate_up_k_warps;  // warps splitting one 16-row tile's K (8 / tiles per CTA)
   int down_k_warps;
 };
-// Host only. The M tile follows the rows an active expert gets under uniform routing; the warps per
-// tile are the plan's choice where *_k_warps is 0, else that count (1, 2, 4 or 8: for sweeps).
-MoePlan plan_moe_w4a16(int T, int topk, int E, int H, int I, int gate_up_k_warps, int down_k_warps);
+// Host only. The M tile follows the rows an active expert gets under uniform routing, unless
+// m_tiles is 1, 2 or 4 (0: the plan's); the warps per tile are the plan's choice where *_k_warps
+// is 0, else that count (1, 2, 4 or 8). The overrides are for sweeps.
+MoePlan plan_moe_w4a16(int T, int topk, int E, int H, int I, int gate_up_k_warps, int down_k_warps, int m_tiles);
 struct MoeArgs {
   const void* hidden;        // bf16 [T, H]
   const int* topk_ids;       // int32 [T, topk]

@@ -333,13 +333,13 @@ cudaError_t launch_gemm(const MoeGemmParams& p, int m_tiles, int max_items, bool
 
 }  // namespace
 
-MoePlan plan_moe_w4a16(int T, int topk, int E, int H, int I, int gate_up_k_warps, int down_k_warps) {
+MoePlan plan_moe_w4a16(int T, int topk, int E, int H, int I, int gate_up_k_warps, int down_k_warps, int m_tiles) {
   MoePlan plan{};
   const int64_t S = (int64_t)T * topk;
   // Rows an active expert gets on average (uniform routing over min(E, S) experts): the M tile.
   const int64_t active = S < E ? S : E;
   const int64_t avg = active > 0 ? ceil_div((int)S, (int)active) : 1;
-  plan.m_tiles = avg <= 8 ? 1 : avg <= 16 ? 2 : 4;
+  plan.m_tiles = m_tiles > 0 ? m_tiles : avg <= 8 ? 1 : avg <= 16 ? 2 : 4;
   plan.rows_per_item = 8 * plan.m_tiles;
   plan.max_items = (int)(ceil_div((int)S, plan.rows_per_item) + active);
   const int64_t rows = avg < plan.rows_per_item ? avg : plan.rows_per_item;

@@ -156,9 +156,10 @@ def test_deterministic_and_graph_replay_is_bitwise_eager(K, experts, name):
 
 
 @pytest.mark.parametrize("name", SHAPE_NAMES)
-def test_pdl_and_plain_launches_give_the_same_bits(K, experts, name):
+def test_pdl_plain_and_forced_m_tiles_give_the_same_bits(K, experts, name):
     """Programmatic dependent launch changes when the kernels start, not what they read: eager
-    and in a CUDA graph, at M tiles 1, 2 and 4, both launches give identical outputs."""
+    and in a CUDA graph, at the plan's M tiles 1, 2 and 4, both launches give identical outputs;
+    so does any forced M tile (the sweep's)."""
     from sglang.sm120.kernels.moe import synthetic_routing
 
     s, tensors, packed = experts(name)
@@ -168,6 +169,9 @@ def test_pdl_and_plain_launches_give_the_same_bits(K, experts, name):
         run = lambda pdl: K.moe_w4a16(x, ids, w, packed, routed_scaling_factor=s.routed_scaling, pdl=pdl)  # noqa: E731
         plain = run(False)
         assert torch.equal(run(True), plain), f"{name} T={t}: PDL launch differs from the plain one"
+        for m in (1, 2, 4):  # the M tile groups rows, each row's sums keep their order: same bits
+            y = K.moe_w4a16(x, ids, w, packed, routed_scaling_factor=s.routed_scaling, m_tiles=m)
+            assert torch.equal(y, plain), f"{name} T={t}: M tiles {m} differ from the plan's"
         graph = torch.cuda.CUDAGraph()
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())

@@ -252,5 +252,5 @@ def test_moe_fp4_step_runs_the_gpu_test_then_the_benchmark_into_the_results(tmp_
     proc, calls = run(tmp_path, "moe-fp4", fail="test_moe_w4a16")
     assert proc.returncode == 1 and len(calls) == 2  # a failed test does not stop the benchmark
     assert calls[0].startswith("-m pytest -m gpu") and "test/gpu/test_moe_w4a16.py" in calls[0]
-    assert calls[1] == f"benchmarks/bench_moe_fp4.py --pdl-off --profile 1,64,1024 --results-dir {tmp_path / 'res'}"
+    assert calls[1] == f"benchmarks/bench_moe_fp4.py --pdl-off --m-tiles 2,4 --profile 1,64,1024 --results-dir {tmp_path / 'res'}"
     assert "failed steps: moe-fp4-test" in proc.stdout and (tmp_path / "res" / "moe-fp4.log").is_file()

@@ -248,9 +248,9 @@ def _moe_plan_fn(lib_path):
     lib = ctypes.CDLL(str(lib_path))
     lib.sm120_last_error.restype = ctypes.c_char_p
 
-    def plan(t, topk, e, h, i, gate_up_k_warps=0, down_k_warps=0):
+    def plan(t, topk, e, h, i, gate_up_k_warps=0, down_k_warps=0, m_tiles=0):
         out = (ctypes.c_int * 5)()
-        rc = lib.sm120_moe_w4a16_plan(t, topk, e, h, i, gate_up_k_warps, down_k_warps, out)
+        rc = lib.sm120_moe_w4a16_plan(t, topk, e, h, i, gate_up_k_warps, down_k_warps, m_tiles, out)
         return (rc, lib.sm120_last_error().decode()) if rc else dict(
             zip(("m_tiles", "rows_per_item", "max_items", "gate_up_k_warps", "down_k_warps"), out))
     return plan
@@ -274,6 +274,11 @@ def test_moe_plan_m_tile_and_warps_per_tile(built):
     assert plan(1024, 8, 256, 6144, 256, 8, 2) | {} == plan(1024, 8, 256, 6144, 256) | {"gate_up_k_warps": 8, "down_k_warps": 2}
     rc, msg = plan(1, 8, 8, 64, 64, 3, 0)
     assert rc != 0 and "1, 2, 4 or 8; got gate_up 3" in msg
+    # an explicit M tile (sweeps) wins, with rows per item and the work-list bound to match
+    assert plan(256, 8, 256, 6144, 256, m_tiles=4) | {} == plan(256, 8, 256, 6144, 256) | {
+        "m_tiles": 4, "rows_per_item": 32, "max_items": 64 + 256}
+    rc, msg = plan(1, 8, 8, 64, 64, m_tiles=3)
+    assert rc != 0 and "m_tiles must be 0 (auto), 1, 2 or 4; got 3" in msg
     rc, msg = plan(4, 8, 1025, 6144, 256)
     assert rc != 0 and "0 < E <= 1024" in msg and "E=1025" in msg
     assert plan(0, 8, 8, 64, 64)[0] != 0
@@ -286,9 +291,10 @@ def test_moe_work_list_bound_covers_any_routing(built):
     _, out, _ = built
     plan = _moe_plan_fn(out / kb.LIBRARY_NAME)
     rng = random.Random(5)
-    for t, topk, e in ((1, 8, 256), (3, 8, 256), (64, 8, 256), (1024, 8, 256), (1024, 8, 32), (5, 2, 4), (200, 6, 64)):
+    cases = ((1, 8, 256), (3, 8, 256), (64, 8, 256), (1024, 8, 256), (1024, 8, 32), (5, 2, 4), (200, 6, 64))
+    for (t, topk, e), m_tiles in [(c, 0) for c in cases] + [(c, m) for c in cases[2:5] for m in (1, 2, 4)]:
         s = t * topk
-        p = plan(t, topk, e, 2048, 768)
+        p = plan(t, topk, e, 2048, 768, m_tiles=m_tiles)
         r = p["rows_per_item"]
         routings = [[s] + [0] * (e - 1), [s // e + (j < s % e) for j in range(e)]]
         # as many experts as possible one row past a full item: the most items per row

@@ -35,8 +35,8 @@ _SIGNATURES = {
                                   _vp, _c_size, _c_int, _c_int, _vp]),
     "sm120_gemm_w4a4": (_c_int, [_c_int, _vp, _vp, _vp, _vp, _vp, _vp, _vp, _vp, _c_int, _c_int,
                                  _c_int, _c_int, _vp]),
-    "sm120_moe_w4a16_plan": (_c_int, [_c_int] * 7 + [ctypes.POINTER(_c_int)]),
-    "sm120_moe_w4a16": (_c_int, [_c_int] + [_vp] * 15 + [_c_int] * 5 + [ctypes.c_float, _c_int, _c_int, _c_int, _vp]),
+    "sm120_moe_w4a16_plan": (_c_int, [_c_int] * 8 + [ctypes.POINTER(_c_int)]),
+    "sm120_moe_w4a16": (_c_int, [_c_int] + [_vp] * 15 + [_c_int] * 5 + [ctypes.c_float, _c_int, _c_int, _c_int, _c_int, _vp]),
 }
 
 

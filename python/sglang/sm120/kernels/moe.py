@@ -173,11 +173,14 @@ def pack_experts(w13_weight: torch.Tensor, w13_weight_scale: torch.Tensor, w13_w
 
 
 def moe_plan(tokens: int, topk: int, num_experts: int, hidden: int, intermediate: int, *,
-             gate_up_k_warps: int = 0, down_k_warps: int = 0) -> dict:
+             gate_up_k_warps: int = 0, down_k_warps: int = 0, m_tiles: int = 0) -> dict:
     """The kernel's plan of a call (host only): M tile, rows per work item, work items, warps per
-    tile (gate_up_k_warps / down_k_warps: 0 = the plan's choice, else 1, 2, 4 or 8, for sweeps)."""
+    tile (gate_up_k_warps / down_k_warps: 0 = the plan's choice, else 1, 2, 4 or 8; m_tiles: 0 =
+    the plan's, else 1, 2 or 4 8-token MMA tiles per work item; the overrides are for sweeps)."""
     warps = _k_warps(gate_up_k_warps, "gate_up_k_warps"), _k_warps(down_k_warps, "down_k_warps")
-    plan = _plan(tokens, topk, num_experts, hidden, intermediate, *warps)
+    if m_tiles not in (0, 1, 2, 4) or isinstance(m_tiles, bool):
+        raise ValueError(f"m_tiles must be 0 (the plan's choice), 1, 2 or 4, got {m_tiles!r}")
+    plan = _plan(tokens, topk, num_experts, hidden, intermediate, *warps, int(m_tiles))
     return dict(zip(("m_tiles", "rows_per_item", "max_items", "gate_up_k_warps", "down_k_warps"), plan))
 
 
@@ -248,7 +251,8 @@ class MoeScratch:
 def moe_w4a16(hidden_states: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
               experts: PackedExperts, *, routed_scaling_factor: float = 1.0,
               out: Optional[torch.Tensor] = None, scratch: Optional[MoeScratch] = None,
-              gate_up_k_warps: int = 0, down_k_warps: int = 0, pdl: Optional[bool] = None) -> torch.Tensor:
+              gate_up_k_warps: int = 0, down_k_warps: int = 0, m_tiles: int = 0,
+              pdl: Optional[bool] = None) -> torch.Tensor:
     """bf16 [T, H] = routed_scaling_factor * sum_k topk_weights[t, k] * down_e(SiLU(gate_e(x)) * up_e(x)),
     e = topk_ids[t, k]; ids outside [0, E) (EP: other ranks' experts) contribute nothing. The k-sum
     runs in order k = 0..topk-1: identical inputs give identical outputs. No host sync; the
@@ -256,7 +260,7 @@ def moe_w4a16(hidden_states: torch.Tensor, topk_ids: torch.Tensor, topk_weights:
     from `scratch` when given (a MoeScratch on the inputs' device), else from torch's caching
     allocator; either way the call is CUDA-graph capturable and every scratch element it reads it
     wrote first, so both give the same bits. gate_up_k_warps / down_k_warps: warps per 16-row
-    weight tile (moe_plan; 0 = the plan's choice). pdl: programmatic dependent launch between the
+    weight tile, m_tiles: 8-token MMA tiles per work item (moe_plan; 0 = the plan's choice). pdl: programmatic dependent launch between the
     call's kernels (None: $SGLANG_SM120_PDL, default on; same bits either way)."""
     from .ops import PDL_DEFAULT, _out, _ptr, _stream
 
@@ -265,7 +269,7 @@ def moe_w4a16(hidden_states: torch.Tensor, topk_ids: torch.Tensor, topk_weights:
     y = _out("out", out, (t, h), torch.bfloat16, dev)
     # int64 ids: clamped first, so no id wraps into [0, E) on the way to int32
     ids = topk_ids if topk_ids.dtype == torch.int32 else topk_ids.clamp(-1, e).to(torch.int32)
-    plan = moe_plan(t, topk, e, h, i, gate_up_k_warps=gate_up_k_warps, down_k_warps=down_k_warps)
+    plan = moe_plan(t, topk, e, h, i, gate_up_k_warps=gate_up_k_warps, down_k_warps=down_k_warps, m_tiles=m_tiles)
     s = t * topk
     if scratch is not None and scratch.device != dev:
         raise ValueError(f"scratch is on {scratch.device}, the inputs on {dev}")
@@ -280,7 +284,7 @@ def moe_w4a16(hidden_states: torch.Tensor, topk_ids: torch.Tensor, topk_weights:
         _ptr(experts.w13_alpha), _ptr(experts.w2), _ptr(experts.w2_scales), _ptr(experts.w2_alpha),
         _ptr(sorted_slots), _ptr(work), _ptr(work_count), _ptr(act), _ptr(per_slot), _ptr(y),
         t, topk, e, h, i, ctypes.c_float(float(routed_scaling_factor)), plan["gate_up_k_warps"],
-        plan["down_k_warps"], int(PDL_DEFAULT if pdl is None else bool(pdl)), _stream(dev))
+        plan["down_k_warps"], plan["m_tiles"], int(PDL_DEFAULT if pdl is None else bool(pdl)), _stream(dev))
     _lib.check(rc, "moe_w4a16")
     return y
 
