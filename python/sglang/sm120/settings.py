@@ -215,7 +215,9 @@ SETTINGS: Tuple[Setting, ...] = (
        "trip) by default; the same bits either way."),
     _s("PDL", "switch", True, "runtime",
        "W4A16 GEMM launched with programmatic dependent launch (its weight prefetch overlaps the "
-       "previous kernel's tail); 0 launches it as a plain kernel."),
+       "previous kernel's tail), and the grouped MoE's gate_up, down and reduce kernels each after the "
+       "previous one (down pulls its weights into L2 while gate_up drains); 0 launches them as plain "
+       "kernels. Same bits either way."),
     _s("WORKSPACE_MB", "float", 8.0, "runtime",
        "Split-K partials workspace per (device, stream), in MiB (a fixed 256 KiB ticket region is "
        "added).", minimum=0),
