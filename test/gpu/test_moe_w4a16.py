@@ -169,8 +169,12 @@ def test_pdl_plain_and_forced_m_tiles_give_the_same_bits(K, experts, name):
         run = lambda pdl: K.moe_w4a16(x, ids, w, packed, routed_scaling_factor=s.routed_scaling, pdl=pdl)  # noqa: E731
         plain = run(False)
         assert torch.equal(run(True), plain), f"{name} T={t}: PDL launch differs from the plain one"
-        for m in (1, 2, 4):  # the M tile groups rows, each row's sums keep their order: same bits
-            y = K.moe_w4a16(x, ids, w, packed, routed_scaling_factor=s.routed_scaling, m_tiles=m)
+        # the M tile groups rows and each row's sums keep their order, given the same warps per tile
+        # (the plan would pick those from the rows per tile, which a forced M tile can change)
+        plan = K.moe_plan(t, s.topk, s.experts, s.hidden, s.inter)
+        for m in (1, 2, 4):
+            y = K.moe_w4a16(x, ids, w, packed, routed_scaling_factor=s.routed_scaling, m_tiles=m,
+                            gate_up_k_warps=plan["gate_up_k_warps"], down_k_warps=plan["down_k_warps"])
             assert torch.equal(y, plain), f"{name} T={t}: M tiles {m} differ from the plan's"
         graph = torch.cuda.CUDAGraph()
         stream = torch.cuda.Stream()
