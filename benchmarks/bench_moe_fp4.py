@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as _dt
+import functools
 import json
 import math
 import os
@@ -219,16 +220,12 @@ def bench_shape(s, tokens, l2, copy_bw, reps, log, k_warps=(), pdl_off=False, pr
     packed, ops, errors = MT.setup(s, ("marlin", "bf16"), dev, seed=SEED)
     for b, why in errors.items():
         log(f"  {s.name}: {b} not timed: {why}")
-    for g, d in k_warps:  # the plan's warps-per-tile choice against fixed ones, same calls otherwise
-        ops[sweep_key(g, d)] = (lambda g, d: lambda x, ids, w: K.moe_w4a16(
-            x, ids, w, packed, routed_scaling_factor=s.routed_scaling, gate_up_k_warps=g, down_k_warps=d))(g, d)
-    if pdl_off:
-        ops[NOPDL] = lambda x, ids, w: K.moe_w4a16(x, ids, w, packed, routed_scaling_factor=s.routed_scaling, pdl=False)
-    for m in m_tiles:
-        ops[m_tiles_key(m)] = (lambda m: lambda x, ids, w: K.moe_w4a16(
-            x, ids, w, packed, routed_scaling_factor=s.routed_scaling, m_tiles=m))(m)
-    order = (ORDER + tuple(sweep_key(g, d) for g, d in k_warps) + ((NOPDL,) if pdl_off else ())
-             + tuple(m_tiles_key(m) for m in m_tiles))
+    # ours again with one of the plan's choices (or PDL) fixed, same calls otherwise: the levers
+    variants = ([(sweep_key(g, d), {"gate_up_k_warps": g, "down_k_warps": d}) for g, d in k_warps]
+                + ([(NOPDL, {"pdl": False})] if pdl_off else []) + [(m_tiles_key(m), {"m_tiles": m}) for m in m_tiles])
+    for key, kw in variants:
+        ops[key] = functools.partial(K.moe_w4a16, experts=packed, routed_scaling_factor=s.routed_scaling, **kw)
+    order = ORDER + tuple(key for key, _ in variants)
     rows = []
     for t in tokens:
         cell = MT.time_row(s, t, ops, order, packed.expert_weight_bytes(), l2, reps, dev, seed=SEED + 1)

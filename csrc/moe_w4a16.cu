@@ -104,9 +104,10 @@ __global__ void __launch_bounds__(32 * kMoeWarps, 2) moe_w4a16_kernel(const MoeG
   const int c_begin = tile_ok ? min(kw * p.chunks_per_warp, p.n_chunks) : 0;
   const int c_end = tile_ok ? min(c_begin + p.chunks_per_warp, p.n_chunks) : 0;
 
-  const uint8_t* w_src = p.qweight + expert * p.expert_weight_bytes + (int64_t)tile * p.n_chunks * 512 + lane * 16;
-  const uint8_t* s_src = p.scales + expert * p.expert_scale_bytes + (int64_t)group * p.n_chunks * 512 + rt * 64 +
-                         w4a16_scale_offset(g);
+  const uint8_t* w_tile = p.qweight + expert * p.expert_weight_bytes + (int64_t)tile * p.n_chunks * 512;
+  const uint8_t* s_tile = p.scales + expert * p.expert_scale_bytes + (int64_t)group * p.n_chunks * 512 + rt * 64;
+  const uint8_t* w_src = w_tile + lane * 16;
+  const uint8_t* s_src = s_tile + w4a16_scale_offset(g);
   // Element offsets of the lane's X rows (32-bit: the binding refuses X of 2^31 elements or more),
   // which keeps the 32-token instantiation within 128 registers.
   int x_off[M_TILES];
@@ -121,7 +122,7 @@ __global__ void __launch_bounds__(32 * kMoeWarps, 2) moe_w4a16_kernel(const MoeG
   }
   const uint32_t scale_sel = w4a16_scale_select(t);
   if (!GATE_UP) {  // the weight slice to L2 while gate_up drains, then its activations
-    prefetch_slice_l2(w_src - lane * 16, s_src - w4a16_scale_offset(g), c_begin, c_end, lane);
+    prefetch_slice_l2(w_tile, s_tile, c_begin, c_end, lane);
     pdl_wait();
   }
 

@@ -177,10 +177,8 @@ def moe_plan(tokens: int, topk: int, num_experts: int, hidden: int, intermediate
     """The kernel's plan of a call (host only): M tile, rows per work item, work items, warps per
     tile (gate_up_k_warps / down_k_warps: 0 = the plan's choice, else 1, 2, 4 or 8; m_tiles: 0 =
     the plan's, else 1, 2 or 4 8-token MMA tiles per work item; the overrides are for sweeps)."""
-    warps = _k_warps(gate_up_k_warps, "gate_up_k_warps"), _k_warps(down_k_warps, "down_k_warps")
-    if m_tiles not in (0, 1, 2, 4) or isinstance(m_tiles, bool):
-        raise ValueError(f"m_tiles must be 0 (the plan's choice), 1, 2 or 4, got {m_tiles!r}")
-    plan = _plan(tokens, topk, num_experts, hidden, intermediate, *warps, int(m_tiles))
+    plan = _plan(tokens, topk, num_experts, hidden, intermediate, _override(gate_up_k_warps, "gate_up_k_warps"),
+                 _override(down_k_warps, "down_k_warps"), _override(m_tiles, "m_tiles", (1, 2, 4)))
     return dict(zip(("m_tiles", "rows_per_item", "max_items", "gate_up_k_warps", "down_k_warps"), plan))
 
 
@@ -193,9 +191,10 @@ def _plan(*args) -> tuple:
     return tuple(out)
 
 
-def _k_warps(value, name: str) -> int:
-    if value not in (0, 1, 2, 4, 8) or isinstance(value, bool):
-        raise ValueError(f"{name} must be 0 (the plan's choice), 1, 2, 4 or 8, got {value!r}")
+def _override(value, name: str, allowed=(1, 2, 4, 8)) -> int:
+    if value not in (0,) + allowed or isinstance(value, bool):
+        raise ValueError(f"{name} must be 0 (the plan's choice), {', '.join(map(str, allowed[:-1]))} or {allowed[-1]}, "
+                         f"got {value!r}")
     return int(value)
 
 
@@ -260,8 +259,9 @@ def moe_w4a16(hidden_states: torch.Tensor, topk_ids: torch.Tensor, topk_weights:
     from `scratch` when given (a MoeScratch on the inputs' device), else from torch's caching
     allocator; either way the call is CUDA-graph capturable and every scratch element it reads it
     wrote first, so both give the same bits. gate_up_k_warps / down_k_warps: warps per 16-row
-    weight tile, m_tiles: 8-token MMA tiles per work item (moe_plan; 0 = the plan's choice). pdl: programmatic dependent launch between the
-    call's kernels (None: $SGLANG_SM120_PDL, default on; same bits either way)."""
+    weight tile, m_tiles: 8-token MMA tiles per work item (moe_plan; 0 = the plan's choice). pdl:
+    programmatic dependent launch between the call's kernels (None: $SGLANG_SM120_PDL, default on;
+    same bits either way)."""
     from .ops import PDL_DEFAULT, _out, _ptr, _stream
 
     dev, t, topk = _check_routing(hidden_states, topk_ids, topk_weights, experts)
