@@ -79,7 +79,7 @@ def bench_shape(name, n, k, ms, l2, copy_bw, floor_us, marlin, reps, log):
         x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
         r = {"shape": name, "N": n, "K": k, "M": m, "weight_fp4_bytes": int(wbytes)}
         # Order matters: a graph's time depends on the graph timed just before it (on small weights a
-        # plain graph right after a PDL graph runs faster than after a plain one, lab/fp4_lab.py order-probe;
+        # plain graph right after a PDL graph runs faster than after a plain one, lab/fp4_lab.py order-probe (git: ada4aec);
         # Marlin and ours both run faster right after a bf16 graph, lab/fp4_lab.py marlin-rows). So the
         # pair the targets compare, `ours` and Marlin, is timed at the end of the row under the same
         # condition, each right after a bf16 graph: bf16, Marlin, bf16 again, ours. bf16 itself

@@ -7,8 +7,8 @@
 #   python benchmarks/status.py --take RESULTS   # here: the outputs of record -> benchmarks/results/
 #
 # RESULTS is a scratch folder; benchmarks/records.toml says which of its files are results of
-# record. The lab steps (fp4-ab, w4a16-timeline, fp4-ncu, graph-memory, prefill-profile,
-# repeat-probe) are probes: their outputs stay in RESULTS and are never records.
+# record. The lab steps (graph-memory, prefill-profile, same-tokens-probe, repeat-probe, moe-fp4-sweep)
+# are probes: their outputs stay in RESULTS and are never records.
 #
 # Steps (with none named, the list in STEPS=(...) below, most wanted first; each has its own cap in seconds):
 #   lean-moe     test_lean_moe.py: the lean eager MoE vs upstream's on real Triton kernels, bit for
@@ -24,13 +24,6 @@
 #   moe-fp4-sweep (by name only) bench_moe_fp4.py on the GLM-5 sets with ours also at fixed warps per
 #                weight tile (8/1 4/1 2/1 1/1 and the down side at 8, 4, 2): is the plan's choice the best
 #                one? -> RESULTS/moe-sweep/ (a probe, not a record)                            900
-#   fp4-ab       lab/fp4_ab.sh: $FP4_AB_OLD_LIB (with $FP4_AB_OLD_ENV) against this tree's
-#                library, every shape, new/old/new in one call -> RESULTS/fp4-ab/compare.md       400
-#   w4a16-timeline  lab/w4a16_timeline.cu built here with the stamps on: per-CTA phases of
-#                small W4A16 calls (first bytes, compute, split-K hand-off, reduction)            120
-#   fp4-ncu      Nsight Compute on one launch per case of `lab/fp4_lab.py profile` (W4A16
-#                at M 1/16 with the default and the 0.5x-SMs split plans, cuBLAS bf16 beside them):
-#                stall reasons, occupancy, DRAM throughput -> RESULTS/fp4-ncu.txt               300
 #   graph-memory lab/graph_memory_probe.py: device memory per instantiated CUDA graph
 #                outside torch's allocator (is layerwise's graph memory the number of graphs?)  180
 #   runner       benchmarks/bench_runner.py, its five default configurations, saved after each  2000
@@ -54,6 +47,10 @@
 #                all at once on the one GPU (KV pools capped by SGLANG_SM120_GPU_MAX_TOKENS), and
 #                $CORRECTNESS_FULL_ZERO_COPY_MODELS (default qwen3_moe-bf16; set it empty for none) beside them under
 #                SGLANG_SM120_LAYERWISE_ZERO_COPY=1 -> RESULTS/full-grid/[zero-copy/]     2400 each
+#   correctness-moe-sm120  issue 42 item 5: the grid of $CORRECTNESS_MOE_MODELS (default: the four
+#                NVFP4 tiny models) with every engine's experts on the fork's grouped kernel
+#                (SGLANG_SM120_GPU_MOE_BACKEND=sm120), side by side as correctness-full; the quick
+#                grid unless CORRECTNESS_MOE_FULL=1 -> RESULTS/moe-sm120/                           1800
 #   correctness-alone  the whole grid of $CORRECTNESS_ALONE_K (default deepseek_v2-bf16) with
 #                nothing else on the GPU (is a divergence timing-dependent?), then again with
 #                upstream's MoE path (SGLANG_SM120_LEAN_MOE=0)
@@ -111,8 +108,8 @@ cd "$(dirname "$0")/.."
 [ $# -ge 1 ] || { sed -n '2,/^set -uo/p' "$0" | sed '$d' >&2; exit 2; }
 RES=$(mkdir -p "$1" && cd "$1" && pwd); shift
 STEPS=("$@")
-[ ${#STEPS[@]} -gt 0 ] || STEPS=(correctness-full correctness-alone prefill-fa2 runner zero-copy traps kernels fp4 lean-moe prefill-profile correctness graph-memory fp4-ncu moe-profile eager-warmup)
-KNOWN="plan-check same-tokens-probe same-tokens repeat-probe glm5-launch-line sm120-check fp4-selfcheck gpu-suite lean-moe kernels fp4 moe-fp4 moe-fp4-sweep fp4-ab w4a16-timeline fp4-ncu graph-memory runner prefill-profile prefill-fa2 zero-copy moe-profile traps correctness correctness-full correctness-alone eager-warmup client-ceiling serving soak serving-diag serving-soak serving-tw4"
+[ ${#STEPS[@]} -gt 0 ] || STEPS=(correctness-full correctness-alone prefill-fa2 runner zero-copy traps kernels fp4 lean-moe prefill-profile correctness graph-memory moe-profile eager-warmup)
+KNOWN="plan-check same-tokens-probe same-tokens repeat-probe glm5-launch-line sm120-check fp4-selfcheck gpu-suite lean-moe kernels fp4 moe-fp4 moe-fp4-sweep correctness-moe-sm120 graph-memory runner prefill-profile prefill-fa2 zero-copy moe-profile traps correctness correctness-full correctness-alone eager-warmup client-ceiling serving soak serving-diag serving-soak serving-tw4"
 for s in "${STEPS[@]}"; do  # all checked before the first one starts
   case " $KNOWN " in *" $s "*) ;; *) echo "gpu_queue.sh: unknown step $s ($KNOWN)"; exit 2 ;; esac
 done
@@ -129,6 +126,26 @@ step() {  # step NAME CAP CMD...
   say "$name: rc $rc after $((SECONDS - t0)) s (124 = hit the cap); $(grep -E 'passed|failed|wrote' "$RES/$name.log" | tail -n 1)"
   [ $rc -eq 0 ] || FAILED+=("$name")
 }
+grids_side_by_side() {  # PREFIX FOLDER CAP RUN...: one pytest process of the correctness grid per
+  # RUN ("label|-k expression|results folder under RES|VAR=value or empty"), all at once on the one
+  # GPU, each KV pool capped; a failed run leaves RES/FOLDER/<label>.failed
+  local prefix=$1 folder=$2 cap=$3 r label k dir extra; shift 3
+  mkdir -p "$RES/$folder"
+  for r in "$@"; do
+    IFS='|' read -r label k dir extra <<< "$r"
+    (
+      FAILED=()
+      [ -z "$extra" ] || export "${extra?}"  # this subshell only
+      SGLANG_SM120_GPU_MAX_TOKENS=2200000 SGLANG_SM120_TINY_DIR=/tmp/sm120-tiny \
+        SGLANG_SM120_RESULTS_DIR="$RES/$dir" step "$prefix-$label" "$cap" "$PY" -m pytest -m gpu -q \
+        -p no:cacheprovider --basetemp "/tmp/sm120-$prefix-$label" test/gpu/test_layerwise_correctness.py -k "$k"
+      [ ${#FAILED[@]} -eq 0 ] || touch "$RES/$folder/$label.failed"
+    ) &
+    sleep "${CORRECTNESS_FULL_STAGGER_S:-15}"  # engine start-ups pick free ports by probing
+  done
+  wait
+  for f in "$RES/$folder"/*.failed; do [ -e "$f" ] && FAILED+=("$prefix-$(basename "$f" .failed)"); done
+}
 for s in "${STEPS[@]}"; do
   case "$s" in
     lean-moe)
@@ -144,28 +161,6 @@ for s in "${STEPS[@]}"; do
     moe-fp4-sweep)
       step moe-fp4-sweep 900 "$PY" benchmarks/bench_moe_fp4.py --shapes glm5-tp8,glm5-ep8 --reps 9 \
         --k-warps 8/1,4/1,2/1,1/1,8/8,8/4,8/2 --results-dir "$RES/moe-sweep" ;;
-    fp4-ab)
-      if [ -z "${FP4_AB_OLD_LIB:-}" ]; then
-        say "fp4-ab: set FP4_AB_OLD_LIB to the library to compare against"; FAILED+=(fp4-ab)
-      else
-        OLD_ENV="${FP4_AB_OLD_ENV:-}" step fp4-ab 400 bash lab/fp4_ab.sh "$FP4_AB_OLD_LIB" \
-          "${SGLANG_SM120_KERNEL_LIB:-$TREE_LIB}" "$RES/fp4-ab" ""
-      fi ;;
-    w4a16-timeline)
-      step w4a16-timeline 120 bash -c '"${CUDA_HOME:-/usr/local/cuda}/bin/nvcc" -O3 -std=c++17 -DSM120_W4A16_TIMELINE -gencode arch=compute_90a,code=sm_90a \
-          -Icsrc csrc/*.cu lab/w4a16_timeline.cu -o "$1/w4a16_timeline" && "$1/w4a16_timeline" $2' _ "$RES" \
-          "${W4A16_TIMELINE_CASES:-640,2048,1 640,2048,1,66 512,6144,1 512,6144,1,66 7168,512,1 6144,256,8 2048,4096,1 16384,2048,1 6144,16384,1}" ;;
-    fp4-ncu)
-      NCU="${NCU:-$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -n 1)}"
-      if [ -z "$NCU" ]; then
-        say "fp4-ncu: no ncu (PATH, /opt/nvidia/nsight-compute/*/ncu, /usr/local/cuda/bin/ncu)"; FAILED+=(fp4-ncu)
-      else  # METHOD.md: leave the clocks alone (--clock-control none)
-        step fp4-ncu 300 "$NCU" --clock-control none --profile-from-start off --section SpeedOfLight \
-          --section LaunchStats --section Occupancy --section WarpStateStats --section SchedulerStats \
-          --section MemoryWorkloadAnalysis --metrics 'regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio' \
-          --log-file "$RES/fp4-ncu.txt" \
-          "$PY" lab/fp4_lab.py profile --cases-out "$RES/fp4-ncu-cases.json"
-      fi ;;
     plan-check)
       step plan-check 900 "$PY" benchmarks/plan_check.py --out "$RES/plan-check" ${PLAN_CHECK_MODELS:+--models $PLAN_CHECK_MODELS}
       cp "$RES/plan-check/plan-check.json" "$RES/" 2>/dev/null ;;
@@ -238,20 +233,15 @@ for s in "${STEPS[@]}"; do
       for m in ${CORRECTNESS_FULL_ZERO_COPY_MODELS-qwen3_moe-bf16}; do
         runs+=("$m-zero-copy|$m|full-grid/zero-copy|SGLANG_SM120_LAYERWISE_ZERO_COPY=1")
       done
-      for r in "${runs[@]}"; do
-        IFS='|' read -r label k dir extra <<< "$r"
-        (
-          FAILED=()
-          [ -z "$extra" ] || export "${extra?}"  # this subshell only
-          SGLANG_SM120_GPU_MAX_TOKENS=2200000 SGLANG_SM120_TINY_DIR=/tmp/sm120-tiny \
-            SGLANG_SM120_RESULTS_DIR="$RES/$dir" step "correctness-full-$label" 2400 "$PY" -m pytest -m gpu -q \
-            -p no:cacheprovider --basetemp "/tmp/sm120-full-grid-$label" test/gpu/test_layerwise_correctness.py -k "$k"
-          [ ${#FAILED[@]} -eq 0 ] || touch "$RES/full-grid/$label.failed"
-        ) &
-        sleep "${CORRECTNESS_FULL_STAGGER_S:-15}"  # engine start-ups pick free ports by probing
+      grids_side_by_side correctness-full full-grid 2400 "${runs[@]}" ;;
+    correctness-moe-sm120)  # issue 42 item 5; the whole grid with CORRECTNESS_MOE_FULL=1
+      runs=()
+      for m in ${CORRECTNESS_MOE_MODELS:-qwen3_moe-nvfp4 deepseek_v2-nvfp4 glm_moe_dsa-nvfp4 glm4_moe-nvfp4}; do
+        runs+=("$m|$m|moe-sm120|SGLANG_SM120_GPU_MOE_BACKEND=sm120")
       done
-      wait
-      for f in "$RES"/full-grid/*.failed; do [ -e "$f" ] && FAILED+=("correctness-full-$(basename "$f" .failed)"); done ;;
+      [ "${CORRECTNESS_MOE_FULL:-0}" = 1 ] || export SGLANG_SM120_GPU_QUICK=1
+      grids_side_by_side correctness-moe-sm120 moe-sm120 1800 "${runs[@]}"
+      unset SGLANG_SM120_GPU_QUICK ;;
     correctness-alone)  # one process at a time: is a divergence the GPU's sharing, or the lean MoE?
       mkdir -p "$RES/alone" "$RES/alone-upstream-moe"
       for k in ${CORRECTNESS_ALONE_K:-deepseek_v2-bf16}; do

@@ -136,7 +136,7 @@ constexpr int64_t kW4A16HugeWeightBytes = 32000000;
 constexpr int kW4A16ShortK = 512;
 int64_t default_split_target_w4a16(int M, int N, int K, int sm_count, int64_t tiles);
 // Whether a call runs the warp-K kernel when the caller does not say. Fitted on the H200
-// (lab/fp4_lab.py kernel-ab: 22 shapes x M 1..16, both kernels timed on every row):
+// (lab/fp4_lab.py kernel-ab, in git at ada4aec: 22 shapes x M 1..16, both kernels timed on every row):
 // warp-K wherever the split-K kernel would split K and the weight (packed + scales) is under
 // 16 MB at M <= 2, 12 MB at M <= 8 (0.61-0.93x the split-K time there) or 5 MB at M 9..16
 // (0.66-0.99x; its 16-token tile reads X twice per weight fragment, which larger weights do not

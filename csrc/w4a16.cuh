@@ -9,7 +9,7 @@
 namespace sm120 {
 
 #ifdef SM120_W4A16_TIMELINE
-// Diagnostics build only (lab/w4a16_timeline.cu; never in the library): thread 0 of
+// Diagnostics build only (lab/w4a16_timeline.cu, in git at ada4aec; never in the library): thread 0 of
 // every CTA stamps the global timer at the milestones of a call, so the probe can say where a
 // small call's microseconds go (first bytes, compute, split-K hand-off, reduction). One pointer
 // per kernel file (static: no relocatable device code), set for both by w4a16_attach_stamps.

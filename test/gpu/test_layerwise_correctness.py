@@ -47,7 +47,10 @@ dequantization order.
 Environment: SGLANG_SM120_TINY_DIR caches the generated models (default: a pytest temp dir);
 SGLANG_SM120_GPU_QUICK=1 runs batch sizes {1, 17, 300} x lengths {7, 2000} only;
 SGLANG_SM120_RESULTS_DIR: also write layerwise-correctness-<model>[-tpN[-epN]].{json,md} there
-(merged over modes); SGLANG_SM120_TP=N runs every engine with tensor parallelism N, and
+(merged over modes); SGLANG_SM120_GPU_MOE_BACKEND=sm120 runs the NVFP4 models only, every engine's experts on
+the fork's grouped kernel (--moe-runner-backend sm120; results "...-moe-sm120"), and asserts the
+backend served: no self-check failure or refused layer in any engine's log, and the layerwise
+modes' decode capture bound sm120 lean steps; SGLANG_SM120_TP=N runs every engine with tensor parallelism N, and
 SGLANG_SM120_EP=N (N = 1 or the TP size) with expert parallelism too;
 SGLANG_SM120_GPU_MAX_TOKENS=N caps every engine's KV pool at N tokens (--max-total-tokens), so
 several pytest processes, one model each, can share one GPU (queue step correctness-full); a cap
@@ -67,7 +70,8 @@ from pathlib import Path
 from typing import Dict, List, Optional
 
 import pytest
-from tinymodels import EP, MAX_TOKENS, PARALLEL_SUFFIX, TP, dsa_engine_kwargs, tiny_root  # noqa: F401 (fixture)
+from tinymodels import (EP, MAX_TOKENS, MOE_BACKEND, MOE_SUFFIX, PARALLEL_SUFFIX, TP,  # noqa: F401 (fixture)
+                        dsa_engine_kwargs, tiny_root)
 
 from sglang.sm120.tiny.serving import DSA_ARCH, dsa_env, tiny_model
 
@@ -89,7 +93,8 @@ _LARGEST_BATCH_TOKENS = max(BATCH_SIZES) * (max(PROMPT_LENS) + NEW_TOKENS)
 if MAX_TOKENS is not None and MAX_TOKENS < _LARGEST_BATCH_TOKENS:
     raise ValueError(f"SGLANG_SM120_GPU_MAX_TOKENS={MAX_TOKENS} is below the {_LARGEST_BATCH_TOKENS} "
                      "tokens the largest batch of the grid holds at once")
-MODELS = [(a, q) for a in ("qwen3_moe", "deepseek_v2", "glm_moe_dsa", "glm4_moe") for q in ("bf16", "nvfp4")]
+MODELS = [(a, q) for a in ("qwen3_moe", "deepseek_v2", "glm_moe_dsa", "glm4_moe") for q in ("bf16", "nvfp4")
+          if q == "nvfp4" or MOE_BACKEND is None]
 # GQA archs get layerwise prefill (MLA keeps upstream's prefill: docs/runner.md 5.10)
 GQA_ARCHS = ("qwen3_moe", "glm4_moe")
 TEST_MODES = ["full", "layerwise", "every_size"]
@@ -395,6 +400,7 @@ def run_engine(model_dir: Path, mode: str, arch: str, groups, trap_log: Path, pa
         ep_size=EP,
         max_total_tokens=MAX_TOKENS,
         log_level="warning",
+        **({"moe_runner_backend": MOE_BACKEND} if MOE_BACKEND else {}),
         **mode_kwargs(mode, arch),
     )
     try:
@@ -413,6 +419,15 @@ def run_engine(model_dir: Path, mode: str, arch: str, groups, trap_log: Path, pa
         return runs
     finally:
         engine.shutdown()
+
+
+def moe_backend_problems(stderr: str) -> List[str]:
+    """With SGLANG_SM120_GPU_MOE_BACKEND set: the log lines of an sm120 MoE self-check failure (the
+    process fell back to upstream's backend) or of a layer the kernel refused (it ran marlin)."""
+    if not MOE_BACKEND:
+        return []
+    return [ln for ln in stderr.splitlines()
+            if "sm120 NVFP4 MoE self-check FAILED" in ln or "is not served by the grouped kernel" in ln]
 
 
 def capture_reports(stderr: str):
@@ -457,6 +472,7 @@ def _publish(arch, quant, capfd) -> str:
         targets = dict(_TARGETS.get((arch, quant), {}))
         doc = {
             "model": f"{arch}-{quant}",
+            "moe_runner_backend": MOE_BACKEND or "upstream's choice",
             "tp_size": TP,
             "ep_size": EP,
             "near_tie_eps": NEAR_TIE_EPS[quant],
@@ -466,7 +482,7 @@ def _publish(arch, quant, capfd) -> str:
                 m: {f"{k[0]}x{k[1]}": c.__dict__ for k, c in cells.items()} for m, cells in rows.items()
             },
         }
-        stem = f"layerwise-correctness-{arch}-{quant}" + PARALLEL_SUFFIX
+        stem = f"layerwise-correctness-{arch}-{quant}" + MOE_SUFFIX + PARALLEL_SUFFIX
         (out / f"{stem}.json").write_text(json.dumps(doc, indent=1))
         (out / f"{stem}.md").write_text("```\n" + table + "\n```\n")
     return table
@@ -480,7 +496,7 @@ def _publish(arch, quant, capfd) -> str:
 def test_greedy_tokens_match_graphs_disabled(arch, quant, mode, tiny_root, tmp_path, capfd):
     model_dir = tiny_model(tiny_root, arch, quant)
     groups, reference, _ = _reference(arch, quant, model_dir, tmp_path)
-    capfd.readouterr()
+    assert not moe_backend_problems(capfd.readouterr().err), "the reference engine (graphs disabled)"
     trap_log = tmp_path / f"traps-{mode}.jsonl"
     (got,) = run_engine(model_dir, mode, arch, groups, trap_log)
     err = capfd.readouterr().err
@@ -505,8 +521,12 @@ def test_greedy_tokens_match_graphs_disabled(arch, quant, mode, tiny_root, tmp_p
     with capfd.disabled():
         print(f"{arch}-{quant} {mode} capture reports: {json.dumps(reports)}", file=sys.stderr, flush=True)
     assert not verdict.failures, "\n".join(verdict.failures) + "\n" + table
+    assert not moe_backend_problems(err), f"{mode}: {moe_backend_problems(err)[:3]}"
     if mode not in LAYERWISE_MODES:
         return
+    if MOE_BACKEND == "sm120":
+        lean = reports.get("decode", {}).get("lean_moe") or {}
+        assert lean.get("sm120_steps", 0) > 0, f"{mode}: no decode MoE step ran on the sm120 kernel: {lean}"
     assert "decode" in reports, f"no layerwise decode capture report on stderr ({mode})"
     dec = reports["decode"]
     assert 1024 in dec["layerwise"] and not dec["dropped"], dec

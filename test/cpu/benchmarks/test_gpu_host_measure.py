@@ -13,7 +13,9 @@ def run(tmp_path, *steps, fail=""):
     fake = tmp_path / "python"
     # stands in for python3: records its arguments, fails when they contain $FAIL
     fake.write_text('#!/bin/sh\necho "$@${SGLANG_SM120_LAYERWISE_ZERO_COPY:+ [zero-copy]}'
-                    '${SGLANG_SM120_LEAN_MOE:+ [lean=$SGLANG_SM120_LEAN_MOE]}" >> "$CALLS"\n'
+                    '${SGLANG_SM120_LEAN_MOE:+ [lean=$SGLANG_SM120_LEAN_MOE]}'
+                    '${SGLANG_SM120_GPU_MOE_BACKEND:+ [moe=$SGLANG_SM120_GPU_MOE_BACKEND]}'
+                    '${SGLANG_SM120_GPU_QUICK:+ [quick]}" >> "$CALLS"\n'
                     'case "$*" in *"$FAIL"*) [ -n "$FAIL" ] && { echo "1 failed"; exit 1; } ;; esac\n'
                     'echo "1 passed"\n')
     fake.chmod(0o755)
@@ -48,9 +50,9 @@ def test_serving_steps_run_only_when_named(tmp_path):
     default = tmp_path / "default"
     default.mkdir()
     proc, calls = run(default)  # no steps named: the default list, without the serving session
-    # 15 steps; correctness-full runs nine processes, correctness-alone two, `kernels`
+    # 14 steps; correctness-full runs nine processes, correctness-alone two, `kernels`
     # kernels_check.sh (build, smoke, pytest: 3 calls), prefill-fa2 two
-    assert proc.returncode == 0 and len(calls) == 27
+    assert proc.returncode == 0 and len(calls) == 26
     # the whole correctness grid first (what #4 still has to show), one model alone twice, then
     # SM120's prefill plan, the runner
     assert all("test_layerwise_correctness.py" in c and "--basetemp" in c for c in calls[:11])
@@ -89,57 +91,10 @@ def test_serving_tw4_step_widens_the_streaming_path_for_every_server(tmp_path):
     assert "--then-soak 10" in calls[0] and "--tag h200 " in calls[0]
 
 
-def test_ncu_step_profiles_the_w4a16_cases_with_the_clocks_left_alone(tmp_path):
-    proc, calls = run(tmp_path, "fp4-ncu")
-    assert proc.returncode == 0, proc.stdout
-    assert len(calls) == 1 and calls[0].startswith("--clock-control none --profile-from-start off")
-    assert "lab/fp4_lab.py profile" in calls[0]
-    assert "--log-file " + str(tmp_path / "res" / "fp4-ncu.txt") in calls[0]
-
-
-
-def test_fp4_lab_parses_every_call_the_lab_drivers_make(tmp_path):
-    """The ncu step's and lib_ab.sh's fp4_lab.py command lines name a subcommand and flags that exist
-    (argparse exits 2 on an unknown one), and every subcommand's --help runs without torch."""
-    import importlib.util
-    import sys
-
-    spec = importlib.util.spec_from_file_location("fp4_lab", REPO / "lab" / "fp4_lab.py")
-    lab = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(lab)
-    proc, calls = run(tmp_path, "fp4-ncu")
-    assert proc.returncode == 0, proc.stdout
-    argv = calls[0].split("lab/fp4_lab.py ", 1)[1].split()
-    assert lab.parser().parse_args(argv).func is lab.profile
-    assert "lab/fp4_lab.py kernel-ab" in (REPO / "lab" / "lib_ab.sh").read_text()
-    args = lab.parser().parse_args(["kernel-ab", "--out", "x", "--kernels", "auto", "--ms", "1,4", "--shapes", "q_b"])
-    assert args.func is lab.kernel_ab and lab.int_list(args.ms) == [1, 4]
-    assert lab.parse_case("16384,2048,1,warps=8,cluster=1") == (16384, 2048, 1, {"warps": 8, "cluster": True})
-    env = dict(os.environ, PYTHONPATH="")
-    for sub in ("order-probe", "marlin-rows", "pdl-chain", "profile", "hot-cold", "kernel-ab"):
-        done = subprocess.run([sys.executable, "-S", str(REPO / "lab" / "fp4_lab.py"), sub, "--help"], env=env,
-                              capture_output=True, text=True, timeout=60)
-        assert done.returncode == 0 and f"fp4_lab.py {sub}" in done.stdout, done.stderr
-    bad = subprocess.run([sys.executable, str(REPO / "lab" / "fp4_lab.py"), "no-such"], capture_output=True,
-                         text=True, timeout=60)
-    assert bad.returncode == 2 and "invalid choice" in bad.stderr
-
-def test_ncu_step_fails_plainly_without_ncu(tmp_path):
-    fake = tmp_path / "python"
-    fake.write_text("#!/bin/sh\necho 1 passed\n")
-    fake.chmod(0o755)
-    env = dict(os.environ, PYTHON=str(fake), NCU="", PATH="/usr/bin:/bin")
-    proc = subprocess.run(["bash", str(SCRIPT), str(tmp_path / "res"), "fp4-ncu"], env=env,
-                          capture_output=True, text=True, timeout=60)
-    if "no ncu" not in proc.stdout:
-        pytest.skip("this machine has an ncu on the searched paths")
-    assert proc.returncode == 1 and "failed steps: fp4-ncu" in proc.stdout
-
-
 def test_usage_prints_the_whole_header(tmp_path):
     proc = subprocess.run(["bash", str(SCRIPT)], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2
-    assert "fp4-ncu" in proc.stderr and "serving-tw4" in proc.stderr and "set -uo" not in proc.stderr
+    assert "moe-fp4" in proc.stderr and "serving-tw4" in proc.stderr and "set -uo" not in proc.stderr
 
 
 def test_kernels_step_builds_smokes_and_tests_without_the_quick_benchmark(tmp_path):
@@ -192,8 +147,26 @@ def test_full_grid_step_runs_each_model_in_its_own_process_and_reports_each_fail
     assert "failed steps: correctness-full-qwen3_moe-nvfp4" in proc.stdout
     assert (tmp_path / "res" / "correctness-full-deepseek_v2-bf16.log").read_text().strip() == "1 passed"
     text = SCRIPT.read_text()
-    block = text[text.index("    correctness-full)"):text.index("    eager-warmup)")]
-    assert "SGLANG_SM120_GPU_QUICK" not in block and "SGLANG_SM120_GPU_MAX_TOKENS=" in block
+    assert not any("[quick]" in c for c in calls)  # the whole grid
+    assert "SGLANG_SM120_GPU_MAX_TOKENS=2200000" in text[text.index("grids_side_by_side() {"):]
+
+
+@pytest.mark.parametrize("full", [None, "1"])
+def test_moe_sm120_grid_runs_each_nvfp4_model_on_the_sm120_kernel(tmp_path, monkeypatch, full):
+    if full is None:
+        monkeypatch.delenv("CORRECTNESS_MOE_FULL", raising=False)
+    else:
+        monkeypatch.setenv("CORRECTNESS_MOE_FULL", full)
+    monkeypatch.delenv("SGLANG_SM120_GPU_QUICK", raising=False)
+    proc, calls = run(tmp_path, "correctness-moe-sm120", "traps", fail="-k glm4_moe-nvfp4")
+    assert proc.returncode == 1, proc.stdout
+    grid, traps = calls[:4], calls[4]
+    quick = "" if full else " [quick]"
+    assert sorted(c.split(" -k ")[1] for c in grid) == [
+        f"{m}-nvfp4 [moe=sm120]{quick}" for m in ("deepseek_v2", "glm4_moe", "glm_moe_dsa", "qwen3_moe")]
+    assert "[moe=" not in traps and "[quick]" not in traps  # nothing leaks into the next step
+    assert (tmp_path / "res" / "moe-sm120").is_dir()
+    assert "failed steps: correctness-moe-sm120-glm4_moe-nvfp4" in proc.stdout
 
 
 def test_alone_step_runs_one_model_alone_then_with_upstreams_moe(tmp_path, monkeypatch):
@@ -206,22 +179,6 @@ def test_alone_step_runs_one_model_alone_then_with_upstreams_moe(tmp_path, monke
     text = SCRIPT.read_text()
     block = text[text.index("    correctness-alone)"):text.index("    eager-warmup)")]
     assert "SGLANG_SM120_GPU_QUICK" not in block  # the whole grid
-
-
-def test_fp4_ab_step_needs_the_old_library(tmp_path):
-    proc, calls = run(tmp_path, "fp4-ab")
-    assert proc.returncode == 1 and "set FP4_AB_OLD_LIB" in proc.stdout and calls == []
-
-
-def test_fp4_ab_step_times_new_old_new_on_every_shape_then_compares(tmp_path, monkeypatch):
-    monkeypatch.setenv("FP4_AB_OLD_LIB", "/old/lib")
-    proc, calls = run(tmp_path, "fp4-ab")
-    assert proc.returncode == 0, proc.stdout
-    ab = tmp_path / "res" / "fp4-ab"
-    assert [c.split()[0] for c in calls] == ["benchmarks/bench_fp4_gemm.py"] * 3 + ["lab/compare_fp4.py"]
-    assert [c.split("--results-dir ")[1] for c in calls[:3]] == [str(ab / r) for r in ("new1", "old", "new2")]
-    assert all("--no-tune --shapes  " in c for c in calls[:3])  # "" = every shape
-    assert "--base " + str(ab / "old") in calls[3]
 
 
 def test_steps_use_the_installed_library_unless_the_kernels_step_built_one(tmp_path, monkeypatch):

@@ -58,3 +58,49 @@ def test_runner_benchmark_passes_ep_and_refuses_a_bad_one():
     assert (ns.tp_size, ns.ep_size) == (2, 2)
     with pytest.raises(SystemExit):
         bench.main(["--tag", "x", "--tp", "1", "--ep", "2"])
+
+
+# SGLANG_SM120_GPU_MOE_BACKEND: the grid on the fork's MoE kernel (issue 42 item 5)
+def _grid(monkeypatch, backend):
+    if backend is None:
+        monkeypatch.delenv("SGLANG_SM120_GPU_MOE_BACKEND", raising=False)
+    else:
+        monkeypatch.setenv("SGLANG_SM120_GPU_MOE_BACKEND", backend)
+    for name in ("tinymodels", "test_layerwise_correctness"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    return importlib.import_module("test_layerwise_correctness")
+
+
+def test_moe_backend_knob_runs_the_nvfp4_models_on_sm120_and_names_their_results(monkeypatch):
+    plain = _grid(monkeypatch, None)
+    assert plain.MOE_SUFFIX == "" and {q for _, q in plain.MODELS} == {"bf16", "nvfp4"}
+    sm120 = _grid(monkeypatch, "sm120")
+    assert sm120.MOE_SUFFIX == "-moe-sm120" and sm120.MODELS == [m for m in plain.MODELS if m[1] == "nvfp4"]
+    src = Path(GPU_TESTS, "test_layerwise_correctness.py").read_text()
+    assert '**({"moe_runner_backend": MOE_BACKEND} if MOE_BACKEND else {})' in src
+    assert '+ MOE_SUFFIX + PARALLEL_SUFFIX' in src
+    from sglang.srt.server_args import ServerArgs  # the value the engines get parses upstream's way
+
+    parser = argparse.ArgumentParser()
+    ServerArgs.add_cli_args(parser)
+    assert parser.parse_args(["--model-path", "/m", "--moe-runner-backend", "sm120"]).moe_runner_backend == "sm120"
+    monkeypatch.delitem(sys.modules, "test_layerwise_correctness", raising=False)
+
+
+def test_moe_backend_knob_refuses_an_unknown_backend(monkeypatch):
+    with pytest.raises(ValueError, match="SGLANG_SM120_GPU_MOE_BACKEND='marlni'.*sm120"):
+        _grid(monkeypatch, "marlni")
+    monkeypatch.delitem(sys.modules, "tinymodels", raising=False)
+
+
+def test_moe_backend_problems_finds_the_fallback_and_refusal_lines_only_under_the_knob(monkeypatch):
+    log = "\n".join([
+        "INFO sm120 NVFP4 MoE self-check passed on this GPU: grouped MoE E=8",
+        "ERROR sm120 NVFP4 MoE self-check FAILED: grouped MoE E=8 tokens=1 -- this process uses upstream's",
+        "WARNING --moe-runner-backend sm120: layer 3 (E=8 H=64 I=32) is not served by the grouped kernel: x",
+    ])
+    assert _grid(monkeypatch, None).moe_backend_problems(log) == []
+    found = _grid(monkeypatch, "sm120").moe_backend_problems(log)
+    assert [ln.split()[0] for ln in found] == ["ERROR", "WARNING"]
+    assert _grid(monkeypatch, "sm120").moe_backend_problems(log.splitlines()[0]) == []
+    monkeypatch.delitem(sys.modules, "test_layerwise_correctness", raising=False)

@@ -281,8 +281,8 @@ class _LayerwiseCommon:
             out["moe_rows_fallback"] = self.rows_fallback
         if self.lean is not None:
             steps = [s for e in self.entries.values() for s in e.graph.steps]
-            out["lean_moe"] = dict(self.lean.summary(), lean_steps=sum(getattr(s, "lean", False) for s in steps),
-                                   zero_copy_steps=sum(getattr(s, "zero_copy", False) for s in steps))
+            out["lean_moe"] = dict(self.lean.summary(), **{
+                f"{kind}_steps": sum(getattr(s, kind, False) for s in steps) for kind in ("lean", "zero_copy", "sm120")})
         return out
 
     def host_stats(self):

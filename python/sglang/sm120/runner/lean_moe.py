@@ -481,6 +481,7 @@ def _make_sm120_step(owner, hidden_states, topk_output, out, scratch):
 
     step.owner_name = f"{type(owner).__name__}(lean sm120)"
     step.lean = True
+    step.sm120 = True
     step.scrub = scrub
     step.triton_resolved = lambda: []  # no Triton launches
     return step
