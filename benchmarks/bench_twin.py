@@ -369,7 +369,7 @@ def write_results(out: Path, doc: dict) -> None:
         print(f"  {k}: {v['value']} (target {v['target']}) {'met' if v['met'] else 'NOT met'}")
 
 
-def main(argv=None) -> None:
+def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--variant", default="experts-fp4", choices=("experts-fp4", "all-fp4"))
     ap.add_argument("--configs", nargs="+", choices=list(CONFIGS), default=DEFAULT_CONFIGS,
@@ -382,7 +382,11 @@ def main(argv=None) -> None:
     ap.add_argument("--passes", type=int, default=PASSES)
     ap.add_argument("--workdir", default=None)
     ap.add_argument("--out", default=str(RESULTS / "glm5-twin-h200.json"))
-    a = ap.parse_args(argv)
+    return ap.parse_args(argv)
+
+
+def main(argv=None) -> None:
+    a = parse_args(argv)
     from sglang.sm120.tiny import twin
 
     workdir = Path(a.workdir or tempfile.mkdtemp(prefix="bench_twin_"))

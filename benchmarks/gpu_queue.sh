@@ -72,6 +72,11 @@
 #                with the same flags logs (sizes exact, graph memory within 25%), per model in
 #                $PLAN_CHECK_MODELS (default: three tiny bf16 models and the Qwen3-30B-A3B shapes)
 #                -> RESULTS/plan-check.json                                                        900
+#   glm5-twin    (by name only) issue 41: benchmarks/bench_twin.py, the GLM-5 rank twin held to a
+#                96 GB card, --quick (256-token contexts, one process per configuration) unless
+#                TWIN_FULL=1; configurations $TWIN_CONFIGS (default: the bench's own list; issue 42's
+#                pair: "layerwise_moe_sm120 layerwise_moe_marlin") -> RESULTS/glm5-twin-h200.{json,md}
+#                (each process loads ~55 GB of dummy weights: minutes each)                       2400
 #   same-tokens-probe  lab/same_tokens_probe.py on $SAME_TOKENS_MODEL (default glm4_moe-bf16): one
 #                server per variant side by side, which source changes layerwise's greedy tokens
 #                against graphs disabled -> RESULTS/same-tokens-probe/ (a probe)                    480
@@ -109,7 +114,7 @@ cd "$(dirname "$0")/.."
 RES=$(mkdir -p "$1" && cd "$1" && pwd); shift
 STEPS=("$@")
 [ ${#STEPS[@]} -gt 0 ] || STEPS=(correctness-full correctness-alone prefill-fa2 runner zero-copy traps kernels fp4 lean-moe prefill-profile correctness graph-memory moe-profile eager-warmup)
-KNOWN="plan-check same-tokens-probe same-tokens repeat-probe glm5-launch-line sm120-check fp4-selfcheck gpu-suite lean-moe kernels fp4 moe-fp4 moe-fp4-sweep correctness-moe-sm120 graph-memory runner prefill-profile prefill-fa2 zero-copy moe-profile traps correctness correctness-full correctness-alone eager-warmup client-ceiling serving soak serving-diag serving-soak serving-tw4"
+KNOWN="glm5-twin plan-check same-tokens-probe same-tokens repeat-probe glm5-launch-line sm120-check fp4-selfcheck gpu-suite lean-moe kernels fp4 moe-fp4 moe-fp4-sweep correctness-moe-sm120 graph-memory runner prefill-profile prefill-fa2 zero-copy moe-profile traps correctness correctness-full correctness-alone eager-warmup client-ceiling serving soak serving-diag serving-soak serving-tw4"
 for s in "${STEPS[@]}"; do  # all checked before the first one starts
   case " $KNOWN " in *" $s "*) ;; *) echo "gpu_queue.sh: unknown step $s ($KNOWN)"; exit 2 ;; esac
 done
@@ -164,6 +169,10 @@ for s in "${STEPS[@]}"; do
     plan-check)
       step plan-check 900 "$PY" benchmarks/plan_check.py --out "$RES/plan-check" ${PLAN_CHECK_MODELS:+--models $PLAN_CHECK_MODELS}
       cp "$RES/plan-check/plan-check.json" "$RES/" 2>/dev/null ;;
+    glm5-twin)
+      quick=(--quick); [ "${TWIN_FULL:-0}" = 1 ] && quick=()
+      step glm5-twin 2400 "$PY" benchmarks/bench_twin.py "${quick[@]}" ${TWIN_CONFIGS:+--configs $TWIN_CONFIGS} \
+        --workdir "$RES/twin-work" --out "$RES/glm5-twin-h200.json" ;;
     same-tokens-probe)
       step same-tokens-probe 480 "$PY" lab/same_tokens_probe.py --out "$RES/same-tokens-probe" \
         --model "${SAME_TOKENS_MODEL:-glm4_moe-bf16}" ${SAME_TOKENS_VARIANTS:+--variants "$SAME_TOKENS_VARIANTS"} ;;

@@ -211,3 +211,23 @@ def test_moe_fp4_step_runs_the_gpu_test_then_the_benchmark_into_the_results(tmp_
     assert calls[0].startswith("-m pytest -m gpu") and "test/gpu/test_moe_w4a16.py" in calls[0]
     assert calls[1] == f"benchmarks/bench_moe_fp4.py --pdl-off --m-tiles 2,4 --profile 1,64,1024 --results-dir {tmp_path / 'res'}"
     assert "failed steps: moe-fp4-test" in proc.stdout and (tmp_path / "res" / "moe-fp4.log").is_file()
+
+
+@pytest.mark.parametrize("full,configs", [(None, None), ("1", "layerwise_moe_sm120 layerwise_moe_marlin")])
+def test_twin_step_runs_the_twin_bench_quick_unless_told(tmp_path, monkeypatch, full, configs):
+    for name, value in (("TWIN_FULL", full), ("TWIN_CONFIGS", configs)):
+        if value is None:
+            monkeypatch.delenv(name, raising=False)
+        else:
+            monkeypatch.setenv(name, value)
+    proc, calls = run(tmp_path, "glm5-twin")
+    assert proc.returncode == 0, proc.stdout
+    (call,) = calls
+    assert call.startswith("benchmarks/bench_twin.py") and ("--quick" in call) == (full is None)
+    assert ("--configs layerwise_moe_sm120 layerwise_moe_marlin" in call) == bool(configs)
+    assert "--out " + str(tmp_path / "res" / "glm5-twin-h200.json") in call
+    from repo_scripts import load  # every flag the step passes parses under the bench's own parser
+
+    bench = load("benchmarks/bench_twin.py")
+    argv = call.split("benchmarks/bench_twin.py", 1)[1].split()
+    assert bench.parse_args(argv).out == str(tmp_path / "res" / "glm5-twin-h200.json")
