@@ -118,6 +118,8 @@ KNOWN="glm5-twin plan-check same-tokens-probe same-tokens repeat-probe glm5-laun
 for s in "${STEPS[@]}"; do  # all checked before the first one starts
   case " $KNOWN " in *" $s "*) ;; *) echo "gpu_queue.sh: unknown step $s ($KNOWN)"; exit 2 ;; esac
 done
+# The GPU measured on: benchmarks/status.py --take refuses outputs whose GPU model is not the record's
+nvidia-smi --query-gpu=name,memory.total --format=csv,noheader > "$RES/gpu.txt" 2>/dev/null || rm -f "$RES/gpu.txt"
 TREE_LIB="$PWD/python/sglang/sm120/kernels/lib"
 PY="${PYTHON:-python3}"
 FAILED=()
@@ -131,6 +133,7 @@ step() {  # step NAME CAP CMD...
   say "$name: rc $rc after $((SECONDS - t0)) s (124 = hit the cap); $(grep -E 'passed|failed|wrote' "$RES/$name.log" | tail -n 1)"
   [ $rc -eq 0 ] || FAILED+=("$name")
 }
+say "GPU: $(head -n 1 "$RES/gpu.txt" 2>/dev/null || echo "unknown (no nvidia-smi)")"
 grids_side_by_side() {  # PREFIX FOLDER CAP RUN...: one pytest process of the correctness grid per
   # RUN ("label|-k expression|results folder under RES|VAR=value or empty"), all at once on the one
   # GPU, each KV pool capped; a failed run leaves RES/FOLDER/<label>.failed

@@ -4,6 +4,11 @@
     python benchmarks/status.py --check           # exit 1 if docs/status.md or a record is off
     python benchmarks/status.py --take RESULTS    # copy a run's outputs to their record paths, then --write
 
+`--take` refuses an output measured on another GPU model than its record's `hardware` names (an
+H100 run does not replace an H200 record under the H200's name): the GPU is RESULTS/gpu.txt, which
+benchmarks/gpu_queue.sh writes from nvidia-smi, else the device the output itself records. To keep
+such a run as the record, change the record's `hardware` (and names) in the registry first.
+
 The registry is the only list of results of record: the status page, `--take` and the CPU tests
 (test/cpu/benchmarks/test_results_files.py) all read it. Standard library only (runs without the fork).
 """
@@ -12,6 +17,7 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
+import re
 import shutil
 import sys
 import tomllib
@@ -22,6 +28,10 @@ REGISTRY = "benchmarks/records.toml"
 RESULTS = "benchmarks/results"
 STATUS = "docs/status.md"
 REQUIRED = ("name", "measures", "command", "file", "headline", "hardware", "base")
+# GPU models a record's hardware or a run's device is told apart by (longest first: "H100" in
+# "GH100" would not be a word match anyway)
+GPU_MODELS = re.compile(r"\b(RTX PRO 6000|RTX 5090|GH200|H100|H200|B200|B300|A100|L40S)\b")
+GPU_FILE = "gpu.txt"
 
 
 def registry(repo: Path = REPO) -> list[dict]:
@@ -150,13 +160,54 @@ def render(repo: Path = REPO) -> str:
     return "\n".join(lines + details) + "\n"
 
 
-def take(results: Path, repo: Path = REPO) -> list[str]:
+def gpu_model(text: str | None) -> str | None:
+    m = GPU_MODELS.search(text or "")
+    return m.group(1) if m else None
+
+
+def _device_strings(doc) -> list[str]:
+    """Values of `device` / `gpu` keys in a results document, shallowest first (3 levels; lists:
+    their first item)."""
+    found, level = [], [doc]
+    for _ in range(4):
+        nxt = []
+        for d in level:
+            items = d.items() if isinstance(d, dict) else enumerate(d[:1]) if isinstance(d, list) else ()
+            for k, v in items:
+                if isinstance(v, str) and k in ("device", "gpu"):
+                    found.append(v)
+                elif isinstance(v, (dict, list)):
+                    nxt.append(v)
+        level = nxt
+    return found
+
+
+def run_gpu(results: Path, src: Path) -> str | None:
+    """The GPU model a run measured on: RESULTS/gpu.txt, else the output's own device field."""
+    gpu = results / GPU_FILE
+    if gpu.is_file():
+        return gpu_model(gpu.read_text())
+    try:
+        doc = read_doc(src)
+    except (OSError, ValueError):
+        return None
+    return next((m for m in map(gpu_model, _device_strings(doc)) if m), None)
+
+
+def take(results: Path, repo: Path = REPO, refused: list[str] | None = None) -> list[str]:
     """Copy each record's output (and its report and log) from a run's results folder to the
-    record paths; returns the names taken."""
+    record paths; returns the names taken. An output from another GPU model than the record's
+    hardware is left, with a line saying why appended to `refused`."""
     taken = []
     for e in registry(repo):
         src = results / e["output"] if e.get("output") else None
         if src is None or not src.is_file():
+            continue
+        want, got = gpu_model(e["hardware"]), run_gpu(results, src)
+        if want and got and want != got:
+            if refused is not None:
+                refused.append(f"{e['name']}: {src} was measured on an {got}, the record is '{e['hardware']}'; "
+                               f"not taken (to keep it, change the record's hardware and names in {REGISTRY})")
             continue
         _store(src, repo / e["file"])
         if e.get("md") and src.with_suffix(".md").is_file():
@@ -174,8 +225,11 @@ def main(argv=None) -> int:
     g.add_argument("--check", action="store_true", help=f"exit 1 if {STATUS} is stale or a record is off")
     g.add_argument("--take", type=Path, metavar="RESULTS", help="take a run's outputs as the new records")
     a = ap.parse_args(argv)
+    refused: list[str] = []
     if a.take:
-        print("took: " + (", ".join(take(a.take)) or "nothing"))
+        print("took: " + (", ".join(take(a.take, refused=refused)) or "nothing"))
+        for line in refused:
+            print("refused: " + line, file=sys.stderr)
     bad = problems()
     if bad:
         print("\n".join(bad), file=sys.stderr)
@@ -188,7 +242,7 @@ def main(argv=None) -> int:
         return int(stale)
     (REPO / STATUS).write_text(page)
     print(f"wrote {STATUS}")
-    return 0
+    return 1 if refused else 0
 
 
 if __name__ == "__main__":

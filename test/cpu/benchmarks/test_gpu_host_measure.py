@@ -231,3 +231,20 @@ def test_twin_step_runs_the_twin_bench_quick_unless_told(tmp_path, monkeypatch, 
     bench = load("benchmarks/bench_twin.py")
     argv = call.split("benchmarks/bench_twin.py", 1)[1].split()
     assert bench.parse_args(argv).out == str(tmp_path / "res" / "glm5-twin-h200.json")
+
+
+def test_the_queue_records_the_gpu_it_measures_on(tmp_path, monkeypatch):
+    """RESULTS/gpu.txt (nvidia-smi's name and memory) is what status.py --take checks against each
+    record's hardware; without nvidia-smi there is none, and the log says so."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    smi = bin_dir / "nvidia-smi"
+    smi.write_text('#!/bin/sh\necho "NVIDIA H100 80GB HBM3, 81559 MiB"\n')
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    proc, _ = run(tmp_path, "lean-moe")
+    assert (tmp_path / "res" / "gpu.txt").read_text() == "NVIDIA H100 80GB HBM3, 81559 MiB\n"
+    assert "GPU: NVIDIA H100 80GB HBM3" in proc.stdout
+    smi.write_text("#!/bin/sh\nexit 9\n")
+    proc, _ = run(tmp_path, "lean-moe")
+    assert not (tmp_path / "res" / "gpu.txt").exists() and "GPU: unknown" in proc.stdout

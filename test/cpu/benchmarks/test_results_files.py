@@ -148,3 +148,32 @@ def test_take_copies_a_runs_outputs_to_the_record_paths(tmp_path):
             assert status.read_doc(root / e["file"]) == status.read_doc(REPO / e["file"]), e["name"]
             assert (root / e["file"]).name.endswith(".gz") == e["file"].endswith(".gz")
     assert status.take(tmp_path / "empty", root) == []
+
+
+def test_take_refuses_an_output_from_another_gpu_model(tmp_path):
+    """A run on an H100 does not become a record whose hardware is an H200 (nor the reverse); the
+    GPU comes from the queue's gpu.txt, else from the output's own device field."""
+    status = _status()
+    entry = next(e for e in status.registry(REPO) if e.get("output") and status.gpu_model(e["hardware"]))
+    want = status.gpu_model(entry["hardware"])
+    other = "H100" if want != "H100" else "H200"
+    root = _copy(tmp_path / "repo")
+    before = (root / entry["file"]).read_bytes()
+    run = tmp_path / "run"
+    out = run / entry["output"]
+    out.parent.mkdir(parents=True)
+    doc = dict(status.read_doc(REPO / entry["file"]), device=f"NVIDIA {want}")
+    out.write_text(json.dumps(doc))
+    (run / status.GPU_FILE).write_text(f"NVIDIA {other} 80GB HBM3, 81559 MiB\n")
+    refused = []
+    assert entry["name"] not in status.take(run, root, refused)
+    assert (root / entry["file"]).read_bytes() == before
+    assert len(refused) == 1 and other in refused[0] and entry["hardware"] in refused[0]
+    (run / status.GPU_FILE).unlink()  # no gpu.txt: the output's own field decides
+    out.write_text(json.dumps(dict(doc, device=f"NVIDIA {other} 80GB HBM3")))
+    refused = []
+    assert entry["name"] not in status.take(run, root, refused) and len(refused) == 1
+    out.write_text(json.dumps(dict(doc, device=f"NVIDIA {want}")))
+    assert entry["name"] in status.take(run, root, refused)  # the same model is taken
+    assert status.gpu_model("one NVIDIA RTX PRO 6000 Blackwell") == "RTX PRO 6000"
+    assert status.gpu_model("the project's 2-core build machine, no GPU") is None
