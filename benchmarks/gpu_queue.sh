@@ -44,7 +44,8 @@
 #   correctness-full  the issue's whole grid (bs {1,3,17,64,300,1024} x lengths {7,128,2000}, no
 #                SGLANG_SM120_GPU_QUICK), every mode with the control, for each of
 #                $CORRECTNESS_FULL_MODELS (default: the four tiny archs, bf16 and NVFP4) in its own pytest process,
-#                all at once on the one GPU (KV pools capped by SGLANG_SM120_GPU_MAX_TOKENS), and
+#                all at once on the one GPU (KV pools capped by SGLANG_SM120_GPU_MAX_TOKENS; sized on
+#                the H200's 141 GB, not tried on an 80 GB H100: name fewer models there), and
 #                $CORRECTNESS_FULL_ZERO_COPY_MODELS (default qwen3_moe-bf16; set it empty for none) beside them under
 #                SGLANG_SM120_LAYERWISE_ZERO_COPY=1 -> RESULTS/full-grid/[zero-copy/]     2400 each
 #   correctness-moe-sm120  issue 42 item 5: the grid of $CORRECTNESS_MOE_MODELS (default: the four
