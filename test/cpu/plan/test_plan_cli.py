@@ -76,6 +76,28 @@ def test_the_seed_launch_line_plans_for_glm5_on_8_rtx_pro_6000():
                  "ceiling rule (fork)", "MLA attention (prefill)"):
         assert text in out, text
     assert "sm120 (fork kernels" in out  # SM120 card, --fp4-gemm-backend auto
+    assert "sm120 (fork kernel, once it loads" in out  # SM120 card, ModelOpt NVFP4, --moe-runner-backend auto
+
+
+@pytest.mark.parametrize("gpu,flags,fork_sm120", [
+    ("rtx-pro-6000", ["--quantization", "modelopt_fp4"], True),   # auto on SM120
+    ("h200", ["--quantization", "modelopt_fp4"], False),          # auto on SM90: upstream's choice
+    ("h200", ["--quantization", "modelopt_fp4", "--moe-runner-backend", "sm120"], True),
+    ("rtx-pro-6000", [], False),                                  # bf16 experts: no NVFP4 MoE layer
+])
+def test_the_moe_backend_column_says_where_the_fork_takes_its_kernel(gpu, flags, fork_sm120):
+    """The fork's `auto` picks sm120 for ModelOpt NVFP4 only on an SM120 card, and only once the
+    library loads there: resolving on this CPU cannot see that, so the plan says it; upstream
+    alone never shows sm120 (the value is the fork's and is left out of its command line)."""
+    rc, out = _plan("--model-path", "glm-5", "--gpu", gpu, "--tp-size", "8", "--json", *flags)
+    assert rc == 0, out
+    plan = json.loads(out)
+    fork, up = plan["fork"]["moe_runner_backend"], plan["upstream"]["moe_runner_backend"]
+    assert fork.startswith("sm120 (fork kernel") == fork_sm120, fork
+    assert "sm120" not in str(up)
+    if not fork_sm120:
+        assert fork == up  # the fork resolves as upstream does
+    assert ("--moe-runner-backend sm120" in plan["upstream_alone_leaves_out"]) == ("sm120" in flags)
 
 
 def test_upstream_alone_takes_the_same_line_less_the_forks_flags():

@@ -77,13 +77,33 @@ def _fp4(card, argv) -> tuple:
     """(upstream's FP4 GEMM backend, the fork's) for the requested --fp4-gemm-backend."""
     from sglang.sm120 import fp4_backend
 
-    requested = next((a.split("=", 1)[1] if "=" in a else argv[i + 1]
-                      for i, a in enumerate(argv) if a.split("=")[0] == "--fp4-gemm-backend"), "auto")
+    requested = _flag_value(argv, "--fp4-gemm-backend", "auto")
     with cards.faked_card(card):
         upstream = fp4_backend.upstream_resolution("auto" if requested == "sm120" else requested)
     if requested == "sm120" or (requested == "auto" and fp4_backend.picks_sm120(card.capability)):
         return upstream, "sm120 (fork kernels, once they load and pass their self-check on the GPU)"
     return upstream, upstream
+
+
+def _moe(card, argv, ours) -> Optional[str]:
+    """The fork's MoE runner backend where it differs from what resolving on this CPU shows: the
+    sm120 kernel for ModelOpt NVFP4 experts under `--moe-runner-backend sm120`, or `auto` on an SM120
+    card (the server decides once the library loads on the GPU and the self-check passes); else
+    None (the resolved value stands)."""
+    from sglang.sm120 import fp4_backend
+
+    requested = _flag_value(argv, "--moe-runner-backend", "auto")
+    if ours.quantization != "modelopt_fp4":
+        return None
+    if requested == "sm120" or (requested == "auto" and fp4_backend.picks_sm120(card.capability)):
+        return "sm120 (fork kernel, once it loads and passes its self-check on the GPU)"
+    return None
+
+
+def _flag_value(argv, name: str, default: str) -> str:
+    return next((a.split("=", 1)[1] if "=" in a else argv[i + 1]
+                 for i, a in enumerate(argv) if a.split("=")[0] == name and ("=" in a or i + 1 < len(argv))),
+                default)
 
 
 def build_plan(model_path: str, gpu: str, argv: List[str]) -> dict:
@@ -96,11 +116,12 @@ def build_plan(model_path: str, gpu: str, argv: List[str]) -> dict:
     up_argv, dropped = resolve.upstream_argv(argv)
     upstream, ours = resolve.resolve(folder, card, up_argv), resolve.resolve(folder, card, argv)
     fp4_up, fp4_ours = _fp4(card, argv)
+    fork = _column(ours, argv, card, config, fp4_ours, fork=True)
+    fork["moe_runner_backend"] = _moe(card, argv, ours) or fork["moe_runner_backend"]
     plan = {
         "base": upstream_api.installed_base(), "model": model_path, "card": dataclasses.asdict(card),
         "argv": argv, "upstream_alone_leaves_out": dropped,
-        "upstream": _column(upstream, up_argv, card, config, fp4_up, fork=False),
-        "fork": _column(ours, argv, card, config, fp4_ours, fork=True),
+        "upstream": _column(upstream, up_argv, card, config, fp4_up, fork=False), "fork": fork,
         "graph_memory_model": _memory_model(),
     }
     plan["warnings"] = _warnings(plan)

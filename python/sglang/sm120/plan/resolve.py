@@ -19,7 +19,7 @@ from .cards import Card, faked_card
 # The fork's own flags (no value) and the fork's choices of upstream flags.
 FORK_SWITCHES = ("--enable-piecewise-cuda-graph", "--cuda-graph-layerwise-every-size", "--reject-unknown-model")
 FORK_CHOICES = {"--cuda-graph-backend-decode": "layerwise", "--cuda-graph-backend-prefill": "layerwise",
-                "--fp4-gemm-backend": "sm120"}
+                "--fp4-gemm-backend": "sm120", "--moe-runner-backend": "sm120"}
 
 
 @dataclass
@@ -30,6 +30,7 @@ class Resolved:
     max_running_requests: Optional[int]
     attention: dict  # attention_backend, prefill_attention_backend, decode_attention_backend
     moe_runner_backend: Optional[str]
+    quantization: Optional[str]  # as resolved (the checkpoint's, or --quantization)
     fp4_gemm_backend: Optional[str]  # as requested on the command line (auto unless named)
     mem_fraction_static: Optional[float]
     tp_size: int
@@ -136,6 +137,7 @@ def resolve(model_dir: str, card: Card, argv: List[str]) -> Resolved:
                 attention={k: getattr(view, k, None) for k in
                            ("attention_backend", "prefill_attention_backend", "decode_attention_backend")},
                 moe_runner_backend=getattr(view, "moe_runner_backend", None),
+                quantization=getattr(view, "quantization", None),
                 fp4_gemm_backend=getattr(view, "fp4_gemm_runner_backend", None),
                 mem_fraction_static=view.mem_fraction_static, tp_size=view.tp_size,
                 log=list(log.lines),
