@@ -19,7 +19,7 @@ COLUMN_KEYS = {
     "decode_backend", "full_graph_ceiling", "ceiling_rule", "decode_full_sizes", "decode_layerwise_sizes",
     "largest_decode_batch", "prefill_backend", "prefill_buckets", "prefill_request_slots", "attention",
     "fp4_gemm_backend", "moe_runner_backend", "chunked_prefill_size", "max_running_requests",
-    "mem_fraction_static", "graph_memory_gb_estimate", "fallbacks",
+    "mem_fraction_static", "graph_memory_gb_estimate", "fallbacks", "eager_moe",
 }
 
 
@@ -165,3 +165,25 @@ def test_compare_reads_the_servers_plan_line_and_graph_memory():
     assert compare.compare({"fork": fork}, log)["ok"]
     fork["decode_layerwise_sizes"] = fork["decode_layerwise_sizes"][:-1]
     assert not compare.compare({"fork": fork}, log)["ok"]
+
+
+def test_the_plan_names_what_runs_the_moe_between_layerwise_segments(qwen_tp8, monkeypatch):
+    """bf16 experts: the lean step on the base it is ported to, upstream's path elsewhere (said);
+    sm120 experts: the kernel call on both bases; upstream alone has no segments."""
+    from sglang.sm120 import upstream_api
+    from sglang.sm120.runner import lean_moe
+
+    plan, _ = qwen_tp8
+    base = upstream_api.installed_base()
+    assert plan["upstream"]["eager_moe"] == "-"
+    if base in lean_moe.LEAN_STEP_BASES:
+        assert plan["fork"]["eager_moe"] == "lean step: upstream's Triton launches (bf16 experts)"
+    else:
+        assert plan["fork"]["eager_moe"] == f"upstream's MoE path (the lean step is not ported to {base})"
+    col = dict(plan["fork"], moe_runner_backend="sm120 (fork kernel, ...)")
+    assert cli._eager_moe(col, base) == "lean step: the sm120 kernel call"
+    assert cli._eager_moe(dict(col, moe_runner_backend="flashinfer_cutlass"), base) == \
+        "upstream's MoE path (flashinfer_cutlass)"
+    assert cli._eager_moe(dict(col, decode_layerwise_sizes=[]), base) == "-"
+    monkeypatch.setenv("SGLANG_SM120_LEAN_MOE", "0")
+    assert cli._eager_moe(col, base) == "upstream's MoE path (SGLANG_SM120_LEAN_MOE=0)"

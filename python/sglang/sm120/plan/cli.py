@@ -100,6 +100,25 @@ def _moe(card, argv, ours) -> Optional[str]:
     return None
 
 
+def _eager_moe(column: dict, base: str) -> str:
+    """What runs the MoE between layerwise decode segments (runner/lean_moe.py), from the flags:
+    the server decides per layer (its log names each refusal)."""
+    from sglang.sm120.runner import lean_moe
+
+    if not column["decode_layerwise_sizes"]:
+        return "-"
+    moe = str(column["moe_runner_backend"])
+    if not lean_moe.lean_moe_requested():
+        return "upstream's MoE path (SGLANG_SM120_LEAN_MOE=0)"
+    if moe.startswith("sm120"):
+        return "lean step: the sm120 kernel call"
+    if moe not in ("auto", "triton"):
+        return f"upstream's MoE path ({moe})"
+    if base not in lean_moe.LEAN_STEP_BASES:
+        return f"upstream's MoE path (the lean step is not ported to {base})"
+    return "lean step: upstream's Triton launches (bf16 experts)"
+
+
 def _flag_value(argv, name: str, default: str) -> str:
     return next((a.split("=", 1)[1] if "=" in a else argv[i + 1]
                  for i, a in enumerate(argv) if a.split("=")[0] == name and ("=" in a or i + 1 < len(argv))),
@@ -118,10 +137,12 @@ def build_plan(model_path: str, gpu: str, argv: List[str]) -> dict:
     fp4_up, fp4_ours = _fp4(card, argv)
     fork = _column(ours, argv, card, config, fp4_ours, fork=True)
     fork["moe_runner_backend"] = _moe(card, argv, ours) or fork["moe_runner_backend"]
+    fork["eager_moe"] = _eager_moe(fork, upstream_api.installed_base())
+    up = dict(_column(upstream, up_argv, card, config, fp4_up, fork=False), eager_moe="-")
     plan = {
         "base": upstream_api.installed_base(), "model": model_path, "card": dataclasses.asdict(card),
         "argv": argv, "upstream_alone_leaves_out": dropped,
-        "upstream": _column(upstream, up_argv, card, config, fp4_up, fork=False), "fork": fork,
+        "upstream": up, "fork": fork,
         "graph_memory_model": _memory_model(),
     }
     plan["warnings"] = _warnings(plan)
@@ -170,6 +191,7 @@ def render(plan: dict) -> str:
                                                           for k in ("prefill_attention_backend", "decode_attention_backend"))),
         ("FP4 GEMM backend", lambda x: x["fp4_gemm_backend"]),
         ("MoE runner backend", lambda x: str(x["moe_runner_backend"])),
+        ("MoE between segments", lambda x: x["eager_moe"]),
         ("chunked prefill size", lambda x: str(x["chunked_prefill_size"])),
         ("mem fraction static", lambda x: str(x["mem_fraction_static"])),
         ("graph memory, decode (est.)", lambda x: _gb(x["graph_memory_gb_estimate"]["decode"])),
