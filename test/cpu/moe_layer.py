@@ -34,6 +34,7 @@ def make_layer(E=6, H=32, inter=16, topk=2, activation="silu", rsf=None, inplace
     qm.use_flashinfer_cutlass = qm.use_triton_kernels = qm.with_bias = False
     qm.use_flashinfer_trtllm_moe = qm.use_deep_gemm = False
     qm._aiter_runner = None
+    qm.w13_swiglu_interleaved = False  # 0.5.23: w13 not interleaved for the fused SwiGLU epilogue
     qm._forward_method = qm.forward_cuda
     runner = MoeRunner.__new__(MoeRunner)
     runner.runner_backend, runner.config, runner.lora_enabled = MoeRunnerBackend.TRITON, cfg, False
@@ -45,6 +46,7 @@ def make_layer(E=6, H=32, inter=16, topk=2, activation="silu", rsf=None, inplace
     disp.local_expert_mapping, disp.use_aiter_moe_runner, disp.expert_mask_gpu = None, False, None
     layer.dispatcher = disp
     layer._use_ascend_fuseep = False
+    layer._dwdp_bound = False  # 0.5.23: no DWDP weight prefetch
     layer.moe_ep_size = layer.moe_tp_size = 1
     layer.reduce_results = False
     return layer

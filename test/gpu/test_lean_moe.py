@@ -84,7 +84,8 @@ def test_lean_equals_upstream_and_host_time(lean_env, phase):
         first = out.clone()
         step.scrub()
         step()  # the resolved launches, onto NaN-filled buffers
-        assert step.triton_resolved() == [True, True], "the Triton launches were not resolved"
+        resolved = step.triton_resolved()  # the two GEMMs; on 0.5.23 also its Triton align or sum
+        assert len(resolved) >= 2 and all(resolved), "the Triton launches were not resolved"
         ref = FusedMoE.forward(layer, hidden.clone(), topk)
         torch.cuda.synchronize()
         assert torch.equal(first, ref), f"rows {rows}: max |diff| {(first.float() - ref.float()).abs().max()}"

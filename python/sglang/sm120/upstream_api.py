@@ -32,6 +32,10 @@ def _both(spec: str) -> Dict[str, Optional[str]]:
     return {b: spec for b in BASES}
 
 
+_FM = "sglang.srt.layers.moe.moe_runner.triton_utils.fused_moe"
+_MAB = "sglang.srt.layers.moe.moe_runner.triton_utils.moe_align_block_size"
+
+
 # name -> {base: "module[:Qual.name]" or None}. The name is what overlay code asks for.
 ANCHORS: Dict[str, Dict[str, Optional[str]]] = {
     # runner/config.py: backend identifiers and upstream's prefill default
@@ -215,6 +219,22 @@ ANCHORS: Dict[str, Dict[str, Optional[str]]] = {
         "0.5.16": "sglang.jit_kernel.activation:_jit_activation_module",
         "0.5.23": None,
     },
+    # runner/lean_triton_0523.py: what 0.5.23's Triton MoE path adds (align fast path, Triton sum,
+    # activation row filter, its activation module) and what the gate reads to refuse
+    "fused_moe.moe_sum_reduce_triton": _both(f"{_FM}:moe_sum_reduce_triton"),
+    "fused_moe.is_arch_support_pdl": {"0.5.16": None, "0.5.23": f"{_FM}:is_arch_support_pdl"},
+    "fused_moe._activation_row_filter": {"0.5.16": None, "0.5.23": f"{_FM}:_activation_row_filter"},
+    "moe_align_block_size.moe_align_small_numel": {"0.5.16": None, "0.5.23": f"{_MAB}:moe_align_small_numel"},
+    "moe_align_block_size.SMALL_NUMEL_LIMIT": {"0.5.16": None, "0.5.23": f"{_MAB}:SMALL_NUMEL_LIMIT"},
+    "moe_align_block_size._CUDA_SMALL_BATCH_MAX_BUCKETS": {
+        "0.5.16": None, "0.5.23": f"{_MAB}:_CUDA_SMALL_BATCH_MAX_BUCKETS"},
+    "kernels.activation": {"0.5.16": None, "0.5.23": "sglang.kernels.ops.activation.activation"},
+    "kernels.activation.activation_module": {
+        "0.5.16": None, "0.5.23": "sglang.kernels.ops.activation.activation:activation_module"},
+    "fused_op.get_fused_op_backend": {"0.5.16": None, "0.5.23": "sglang.kernels.fused_op:get_fused_op_backend"},
+    "pynccl_allocator.is_symmetric_memory_enabled": _both(
+        "sglang.srt.distributed.device_communicators.pynccl_allocator:is_symmetric_memory_enabled"),
+    "runtime_context.get_parallel": _both("sglang.srt.runtime_context:get_parallel"),
     # runner/prewarm.py: sampling kernels and the Triton attention check it warms before capture
     "sampler": _both("sglang.srt.layers.sampler"),
     "support_triton": _both("sglang.srt.utils.common:support_triton"),
@@ -314,6 +334,14 @@ ABSENT: Dict[str, str] = {
     "fused_moe._moe_support_tma": "0.5.16 names it _down_moe_use_tma",
     "jit_kernel.activation": "0.5.23 ships no sglang.jit_kernel package",
     "jit_kernel.activation._jit_activation_module": "0.5.23 ships no sglang.jit_kernel package",
+    "fused_moe.is_arch_support_pdl": "0.5.16's MoE combine has no PDL-gated Triton sum",
+    "fused_moe._activation_row_filter": "0.5.16 runs the activation on every row",
+    "moe_align_block_size.moe_align_small_numel": "0.5.16 has no single-CTA small-batch align",
+    "moe_align_block_size.SMALL_NUMEL_LIMIT": "0.5.16 has no single-CTA small-batch align",
+    "moe_align_block_size._CUDA_SMALL_BATCH_MAX_BUCKETS": "0.5.16 has no single-CTA small-batch align",
+    "kernels.activation": "0.5.16 keeps its JIT activations in sglang.jit_kernel.activation",
+    "kernels.activation.activation_module": "0.5.16 names it sglang.jit_kernel.activation._jit_activation_module",
+    "fused_op.get_fused_op_backend": "0.5.16's unquantized MoE method is a MultiPlatformOp (dispatch fixed at init)",
 }
 
 # ServerArgs fields the overlay reads (runner/config.py incompatibilities, lean_moe, prewarm,

@@ -1,9 +1,11 @@
-"""The lean eager MoE step (runner/lean_moe.py) against upstream's own FusedMoE.forward, on CPU.
+"""The lean eager MoE step (runner/lean_moe.py) against upstream's own FusedMoE.forward, on CPU,
+on whichever base is installed (0.5.16 or 0.5.23).
 
-The kernel entry points both paths call (moe_align_block_size, invoke_fused_moe_kernel,
-silu/gelu_and_mul, moe_sum_reduce, the sum helper, torch.add) are replaced by recording
-stand-ins that also compute the MoE in plain torch, and a real FusedMoE is assembled by hand
-(upstream's classes, attributes set as its constructor would for the unquantized Triton path).
+The kernel entry points both paths call (moe_align_block_size and, on 0.5.23, its single-CTA
+small-numel align, invoke_fused_moe_kernel, silu/gelu_and_mul, moe_sum_reduce, the sum helper,
+0.5.23's Triton sum, torch.add) are replaced by recording stand-ins that also compute the MoE in
+plain torch, and a real FusedMoE is assembled by hand (upstream's classes, attributes set as its
+constructor would for the unquantized Triton path).
 Checks: the lean step makes the same launches with the same arguments in the same order and the
 same result; its buffers are shared by layers and sizes; the gate refuses what it does not
 reproduce, with one log line per reason; the probe falls back to upstream's path for a size
@@ -15,6 +17,7 @@ import contextlib
 import inspect
 import logging
 import os
+from functools import partial
 from types import SimpleNamespace
 
 import pytest
@@ -49,7 +52,7 @@ from sglang.srt.layers.moe.fused_moe_triton.layer import FusedMoE  # noqa: E402
 fm, mab = lean_moe._upstream()
 from sglang.srt.layers.moe.topk import StandardTopKOutput  # noqa: E402
 from sglang.srt.layers.moe.utils import MoeRunnerBackend  # noqa: E402
-from sglang.srt.runtime_context import get_context  # noqa: E402
+from sglang.srt.runtime_context import get_context, get_parallel  # noqa: E402
 
 CONFIG = {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 32, "BLOCK_SIZE_K": 64, "GROUP_SIZE_M": 1,
           "num_warps": 4, "num_stages": 3}
@@ -60,14 +63,34 @@ DOWN_CONFIG = {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 32, "GROU
 # ------------------------------------------------------------------------------------------------
 # recording stand-ins for the kernels
 # ------------------------------------------------------------------------------------------------
-class Kernels:
-    """Launch log, plus what the lookups return (TMA on/off, a down config or none)."""
+ON_0523 = upstream_api.check_installed() == "0.5.23"
+REAL_INVOKE = fm.invoke_fused_moe_kernel  # its signature binds the stand-in's arguments
 
-    def __init__(self):
+
+class Kernels:
+    """Launch log, plus what the lookups return (TMA on/off, a down config or none, USE_TMA in the
+    up config, PDL support)."""
+
+    def __init__(self, mp):
+        self.mp = mp
         self.log = []
         self.tma = False
         self.down = False
-        self.sig_invoke = inspect.signature(_invoke_signature)
+        self.up_tma = False
+        self.pdl = False
+        self.up_configs = {}
+        self.sig_invoke = inspect.signature(REAL_INVOKE)
+        self.stack = contextlib.ExitStack()
+
+    def set_resolved(self, field, value):
+        """A resolved server setting, where the installed base keeps it (upstream_api.resolved)."""
+        place = upstream_api.RESOLVED_FIELDS[field][upstream_api.check_installed()]
+        if place == "record":
+            setattr(get_context()._server_args, field, value)
+        else:
+            from sglang.srt.runtime_context import get_exec
+
+            self.stack.enter_context(getattr(get_exec(), place.split(".", 1)[1]).override(**{field: value}))
 
     def record(self, name, args):
         self.log.append((name, args))
@@ -75,14 +98,21 @@ class Kernels:
     # entry points -------------------------------------------------------------------------
     def config_lookup(self, w1_shape, w2_shape, top_k, dtype, M, **kw):
         self.record("try_get_optimal_moe_config", (tuple(w1_shape), tuple(w2_shape), top_k, dtype, M, kw))
-        down = dict(DOWN_CONFIG, USE_TMA=True) if self.down else None
-        return dict(CONFIG), (down, 16 if down else None)
+        down = dict(DOWN_CONFIG, USE_TMA=True) if self.down else None  # a copy, as upstream's lookup makes
+        up = self.up_configs.setdefault(self.up_tma, dict(CONFIG, USE_TMA=True) if self.up_tma else dict(CONFIG))
+        return up, (down, 16 if down else None)  # the up config is upstream's cached dict itself
 
     def align(self, topk_ids, num_experts, block_size, sorted_ids, expert_ids, ntpp, cumsum, pad, ignore):
         self.record("moe_align_block_size", (topk_ids, num_experts, block_size, sorted_ids,
                                              expert_ids, ntpp, cumsum, pad, ignore))
         sorted_ids.fill_(0)
         expert_ids.fill_(0)
+        ntpp.fill_(topk_ids.numel())
+
+    def small_align(self, topk_ids, num_experts, block_size, sorted_ids, expert_ids, ntpp, **kw):
+        self.record("moe_align_small_numel", (topk_ids, num_experts, block_size, sorted_ids, expert_ids, ntpp, kw))
+        sorted_ids.fill_(1)
+        expert_ids.fill_(1)
         ntpp.fill_(topk_ids.numel())
 
     def invoke(self, *args, **kwargs):
@@ -106,8 +136,8 @@ class Kernels:
             out.copy_((fn(x[:, :d].float()) * x[:, d:].float()).to(out.dtype))
         return run
 
-    def sum_reduce(self, x, out, rsf):
-        self.record("moe_sum_reduce", (x, out, rsf))
+    def sum_reduce(self, x, out, rsf, name="moe_sum_reduce"):
+        self.record(name, (x, out, rsf))
         torch.sum(x, dim=1, out=out)
         out.mul_(rsf)
 
@@ -125,24 +155,9 @@ class Kernels:
         return run
 
 
-def _invoke_signature(A, B, bias, C, A_scale, B_scale, B_zp, topk_weights, topk_ids,
-                      sorted_token_ids, expert_ids, num_tokens_post_padded, mul_routed_weight,
-                      top_k, config, compute_type, use_fp8_w8a8, use_int8_w8a8, use_int8_w8a16,
-                      use_int4_w4a16, per_channel_quant, block_shape=None, no_combine=False,
-                      a_use_tma=False, b_use_tma=False, c_sorted=False, filter_expert=True,
-                      fuse_sum_all_reduce=False, router_topk=1, fuse_add_to_output=False,
-                      add_output_mask=None, mask_output=False, lora_preserve_base=False):
-    """upstream's invoke_fused_moe_kernel parameters (checked equal to the real one below)."""
-
-
-def test_invoke_signature_is_upstreams():
-    from sglang.kernels.ops.moe.fused_moe_triton_kernels import invoke_fused_moe_kernel
-
-    assert list(inspect.signature(invoke_fused_moe_kernel).parameters) == list(
-        inspect.signature(_invoke_signature).parameters)
-
-
 def _op_on_cpu(packet, inplace):
+    if not hasattr(packet, "default"):  # 0.5.23: the op's own function, called directly in eager
+        return packet.__wrapped__
     names = [a.name for a in packet.default._schema.arguments]
 
     def call(*args, **kwargs):
@@ -153,11 +168,19 @@ def _op_on_cpu(packet, inplace):
 
 @pytest.fixture
 def kernels(monkeypatch):
-    k = Kernels()
+    k = Kernels(monkeypatch)
     monkeypatch.setenv("SGLANG_SM120_DYNAMO_FREE", "1")  # the sum helper runs eagerly, as in layerwise
     monkeypatch.setattr(fm, "_is_cuda", True)
     monkeypatch.setattr(fm, "try_get_optimal_moe_config", k.config_lookup)
-    monkeypatch.setattr(fm, "_down_moe_use_tma", lambda: k.tma)
+    monkeypatch.setattr(fm, "_moe_support_tma" if ON_0523 else "_down_moe_use_tma", lambda: k.tma)
+    monkeypatch.setattr(fm, "is_arch_support_pdl", lambda: k.pdl, raising=False)
+    monkeypatch.setattr(fm, "moe_sum_reduce_triton", partial(k.sum_reduce, name="moe_sum_reduce_triton"))
+    monkeypatch.setattr(mab, "_is_cuda", True)
+    monkeypatch.setattr(mab, "moe_align_small_numel", k.small_align, raising=False)
+    if ON_0523:
+        from sglang.kernels.ops.moe.moe_align_small_numel import SMALL_NUMEL_LIMIT
+
+        monkeypatch.setattr(mab, "SMALL_NUMEL_LIMIT", SMALL_NUMEL_LIMIT, raising=False)
     monkeypatch.setattr(fm, "invoke_fused_moe_kernel", k.invoke)
     monkeypatch.setattr(fm, "silu_and_mul", k.act("silu_and_mul", F.silu), raising=False)
     monkeypatch.setattr(fm, "gelu_and_mul", k.act("gelu_and_mul", F.gelu), raising=False)
@@ -172,14 +195,19 @@ def kernels(monkeypatch):
         monkeypatch.setattr(fm, name, _op_on_cpu(getattr(fm, name), inplace))
     # parallel state upstream's combine consults (one rank, no symmetric memory here)
     for mod in (layer_mod, fm):
-        monkeypatch.setattr(mod, "get_tp_group", lambda: None)
+        monkeypatch.setattr(mod, "get_tp_group", lambda: None, raising=not ON_0523)  # 0.5.23: get_parallel()
         monkeypatch.setattr(mod, "use_symmetric_memory", lambda *a, **kw: contextlib.nullcontext())
     ctx = get_context()
-    saved = ctx._server_args
-    ctx._server_args = SimpleNamespace(enable_fused_moe_sum_all_reduce=False,
-                                       enable_deterministic_inference=False)
-    yield k
-    ctx._server_args = saved
+    flags = dict(enable_fused_moe_sum_all_reduce=False, enable_deterministic_inference=False)
+    if ON_0523:  # published namespace bags, as a server's, and one rank's parallel state
+        k.stack.enter_context(ctx.override_server_args(**flags))
+        k.stack.enter_context(get_parallel().override(tp_group=None))
+    else:
+        saved = ctx._server_args
+        ctx._server_args = SimpleNamespace(**flags)
+        k.stack.callback(setattr, ctx, "_server_args", saved)
+    with k.stack:
+        yield k
 
 
 def _normalize(log, known):
@@ -217,8 +245,37 @@ CASES = {
     "topk1-direct": dict(topk=1),
     "gelu": dict(topk=2, activation="gelu"),
     "outplace": dict(topk=3, inplace=False),
-    "tma-down-config": dict(topk=4, rows=40, tma=True, down=True),
+    "tma-down-config": dict(topk=4, rows=40, tma=True, down=True),  # 0.5.23: the activation's row filter
     "down-config": dict(topk=2, down=True),
+    # 0.5.23's own branches (on 0.5.16 upstream asks none of these: the same launches as above)
+    "topk4-triton-sum": dict(topk=4, rows=5, pdl=True),   # <= 32 tokens with PDL: moe_sum_reduce_triton
+    "up-tma": dict(topk=2, tma=True, up_tma=True),         # USE_TMA in the up config
+    "tma-up-and-down": dict(topk=2, tma=True, up_tma=True, down=True),
+    "up-tma-unsupported": dict(topk=2, up_tma=True, down=True),  # both popped, neither used
+    "small-align": dict(E=70, topk=2, rows=9),            # numel <= 64, > 64 buckets: single-CTA align
+    "small-align-at-limit": dict(E=70, topk=4, rows=16),  # numel 64
+    "general-align-above-limit": dict(E=70, topk=5, rows=13),  # numel 65
+}
+
+
+def _invokes(log):
+    return [a for n, a in log if n == "invoke_fused_moe_kernel"]
+
+
+# Which of 0.5.23's branches upstream took in a case (the lean step is held to its launches above;
+# this holds the case to the branch it is named for).
+BRANCH_0523 = {
+    "topk4-triton-sum": lambda log: "moe_sum_reduce_triton" in dict(log),
+    "topk4-helper": lambda log: "moe_sum_reduce_torch_compile" in dict(log),
+    "topk4-kernel-sum": lambda log: "moe_sum_reduce" in dict(log),
+    "up-tma": lambda log: _invokes(log)[0]["b_use_tma"] and not _invokes(log)[1]["a_use_tma"],
+    "tma-up-and-down": lambda log: _invokes(log)[0]["b_use_tma"] and _invokes(log)[1]["a_use_tma"],
+    "up-tma-unsupported": lambda log: not _invokes(log)[0]["b_use_tma"] and not _invokes(log)[1]["a_use_tma"]
+    and all("USE_TMA" not in a["config"] for a in _invokes(log)),
+    "tma-down-config": lambda log: "sorted_token_ids" in next(a for n, a in log if n == "silu_and_mul")[2],
+    "small-align": lambda log: log[0][0] == "moe_align_small_numel",
+    "small-align-at-limit": lambda log: log[0][0] == "moe_align_small_numel",
+    "general-align-above-limit": lambda log: log[0][0] == "moe_align_block_size",
 }
 
 
@@ -227,11 +284,13 @@ def test_same_launches_same_arguments_same_result(kernels, case):
     c = dict(CASES[case])
     rows = c.pop("rows", 9)
     kernels.tma, kernels.down = c.pop("tma", False), c.pop("down", False)
+    kernels.up_tma, kernels.pdl = c.pop("up_tma", False), c.pop("pdl", False)
     layer = make_layer(**c)
     _, out, ref, lean_log, up_log, known = run_both(kernels, layer, rows)
     # upstream looks its config up on every call; the lean plan did so once, with the same arguments
     lookups = [e for e in up_log if e[0] == "try_get_optimal_moe_config"]
     up_launches = [e for e in up_log if e[0] != "try_get_optimal_moe_config"]
+    assert not ON_0523 or BRANCH_0523.get(case, lambda log: True)(up_launches)
     # at scaling 1.0 the lean step runs the sum helper's torch.sum but not its mul_(1.0)
     up_launches = [e for e in up_launches if not (e[0] == "moe_sum_reduce_torch_compile" and e[1][2] == 1.0)]
     assert len(lookups) == 1 and not any(e[0] == "try_get_optimal_moe_config" for e in lean_log)
@@ -280,9 +339,10 @@ def test_buffers_shared_by_layers_and_sizes(kernels):
 
 def test_plan_lengths_are_upstreams(kernels):
     """Buffer lengths set kernel grids: they must be the lengths upstream allocates."""
-    layer = make_layer(E=6, topk=2)
     lean = LeanMoe("cpu")
-    for rows, tma in ((2, False), (40, False), (40, True)):
+    for E, rows, tma in ((6, 2, False), (6, 40, False), (6, 40, True), (6, 3, False), (70, 3, False),
+                         (70, 9, True), (70, 40, False)):
+        layer = make_layer(E=E, topk=2)
         kernels.tma = kernels.down = tma
         lean._plans.clear()
         h, topk = make_inputs(layer, rows)
@@ -290,14 +350,16 @@ def test_plan_lengths_are_upstreams(kernels):
         (p,) = lean._plans.values()
         kernels.log.clear()
         FusedMoE.forward(layer, h.clone(), topk)
-        up_align = next(a for n, a in kernels.log if n == "moe_align_block_size")
+        name, up_align = kernels.log[1]  # after the config lookup
         up_gemm1 = next(a for n, a in kernels.log if n == "invoke_fused_moe_kernel")
+        assert p.small_align == (name == "moe_align_small_numel")
         assert p.sorted_ids.shape == up_align[3].shape and p.expert_ids.shape == up_align[4].shape
-        assert p.cumsum.shape == up_align[6].shape and p.cache1.shape == up_gemm1["C"].shape
+        assert p.small_align or p.cumsum.shape == up_align[6].shape
+        assert p.cache1.shape == up_gemm1["C"].shape
 
 
 def _set(path, value):
-    def apply(layer, inputs):
+    def apply(layer, inputs, k=None):
         obj = layer
         *parts, last = path.split(".")
         for p in parts:
@@ -315,21 +377,53 @@ REFUSALS = {
     "ungated": (_set("moe_runner_config.is_gated", False), "gated=False"),
     "swiglu-limit": (_set("moe_runner_config.swiglu_limit", 10.0), "clamped"),
     "filter": (_set("moe_runner_config.num_local_experts", 3), "expert filtering"),
-    "all-reduce": (lambda l, i: (_set("reduce_results", True)(l, i), _set("moe_tp_size", 2)(l, i)), "all-reduces"),
-    "cpu-dispatch": (lambda l, i: setattr(l.quant_method, "_forward_method", l.quant_method.forward_cpu), "forward_cuda"),
-    "deterministic": (lambda l, i: setattr(get_context()._server_args, "enable_deterministic_inference", True), "deterministic"),
-    "fused-sum-ar": (lambda l, i: setattr(get_context()._server_args, "enable_fused_moe_sum_all_reduce", True), "fused-moe-sum-all-reduce"),
-    "fp32": (lambda l, i: i.__setitem__(0, i[0].float()), "only bf16"),
-    "topk-format": (lambda l, i: i.__setitem__(1, tuple(i[1])), "only StandardTopKOutput"),
+    "all-reduce": (lambda l, i, k: (_set("reduce_results", True)(l, i), _set("moe_tp_size", 2)(l, i)), "all-reduces"),
+    "cpu-dispatch": (lambda l, i, k: setattr(l.quant_method, "_forward_method", l.quant_method.forward_cpu), "forward_cuda"),
+    "deterministic": (lambda l, i, k: k.set_resolved("enable_deterministic_inference", True), "deterministic"),
+    "fused-sum-ar": (lambda l, i, k: k.set_resolved("enable_fused_moe_sum_all_reduce", True), "fused-moe-sum-all-reduce"),
+    "fp32": (lambda l, i, k: i.__setitem__(0, i[0].float()), "only bf16"),
+    "topk-format": (lambda l, i, k: i.__setitem__(1, tuple(i[1])), "only StandardTopKOutput"),
 }
+
+
+def _symmetric_memory_on(layer, inputs, k):
+    from sglang.srt.distributed.device_communicators import pynccl_allocator
+    from sglang.srt import runtime_context
+
+    layer.moe_runner_config.inplace = False
+    k.mp.setattr(pynccl_allocator, "is_symmetric_memory_enabled", lambda: True)
+    k.mp.setattr(runtime_context, "get_parallel", lambda: SimpleNamespace(tp_group=SimpleNamespace(world_size=2)))
+
+
+def _forced_fused_op_backend(layer, inputs, k):
+    from sglang.kernels import fused_op
+
+    k.mp.setattr(fused_op, "_forced_backend", fused_op.KernelBackend.TORCH)
+
+
+# What 0.5.23's forward does that the lean step does not reproduce (the gate says why).
+REFUSALS_0523 = {
+    "fuse-swiglu": (_set("quant_method.w13_swiglu_interleaved", True), "fused SwiGLU"),
+    "flashinfer-cutlass-flag": (_set("quant_method.use_flashinfer_cutlass", True), "FlashInfer MoE flag"),
+    "flashinfer-trtllm-flag": (_set("quant_method.use_flashinfer_trtllm_moe", True), "FlashInfer MoE flag"),
+    "dwdp": (_set("_dwdp_bound", True), "DWDP"),
+    "symmetric-output": (_symmetric_memory_on, "symmetric memory"),
+    "forced-fused-op-backend": (_forced_fused_op_backend, "SGLANG_FORCE_FUSED_OP_BACKEND"),
+    "unresolved-forward-on-cpu": (_set("quant_method._forward_method", None), "forward_cuda"),
+    "activation-silu-rounded": (_set("moe_runner_config.activation", "silu_rounded"), "activation 'silu_rounded'"),
+    "activation-gelu-tanh": (_set("moe_runner_config.activation", "gelu_tanh"), "activation 'gelu_tanh'"),
+}
+REFUSALS.update({f"0.5.23-{name}": case for name, case in REFUSALS_0523.items()})
 
 
 @pytest.mark.parametrize("case", sorted(REFUSALS))
 def test_gate_refuses_with_one_log_line(kernels, case, caplog):
+    if case.startswith("0.5.23-") and not ON_0523:
+        pytest.skip("0.5.23's own refusals")
     mutate, reason = REFUSALS[case]
     layer = make_layer()
     inputs = list(make_inputs(layer, 4))
-    mutate(layer, inputs)
+    mutate(layer, inputs, kernels)
     lean = LeanMoe("cpu")
     with caplog.at_level(logging.INFO, logger=lean_moe.__name__):
         assert lean.bind(layer, tuple(inputs), {}) is None
@@ -344,6 +438,29 @@ def test_gate_accepts_the_plain_path(kernels):
     assert lean_moe.layer_refusal(layer) is None
     h, topk = make_inputs(layer, 3)
     assert lean_moe.call_refusal(layer, h, topk) is None
+
+
+def test_a_forward_not_resolved_yet_is_resolved_as_upstream_resolves_it(kernels, monkeypatch):
+    """0.5.23 picks the quant method's forward at its first call; a lean step bound before that
+    asks upstream's resolver, as the first call will."""
+    if not ON_0523:
+        pytest.skip("0.5.16 picks it at construction")
+    layer = make_layer()
+    qm = layer.quant_method
+    qm._forward_method = None
+    monkeypatch.setattr(qm, "_resolve_forward_method", lambda: qm.forward_cuda, raising=False)
+    assert lean_moe.layer_refusal(layer) is None and qm._forward_method is None
+
+
+def test_an_inplace_layer_with_symmetric_memory_is_taken(kernels):
+    """Upstream writes an in-place layer's output into its input: nothing in the symmetric pool."""
+    if not ON_0523:
+        pytest.skip("0.5.23's refusal")
+    layer = make_layer()
+    _symmetric_memory_on(layer, None, kernels)
+    assert "symmetric memory" in lean_moe.layer_refusal(layer)
+    layer.moe_runner_config.inplace = True
+    assert lean_moe.layer_refusal(layer) is None
 
 
 def test_on_by_default_off_with_0_and_a_bad_value_names_the_variable(monkeypatch):
@@ -400,7 +517,8 @@ def test_replay_is_lean_and_equals_upstream(kernels, monkeypatch):
     entries = {rows: _capture(model, static_x, rows, lean) for rows in (12, 5)}
     upstream_calls = []
     real_impl = FusedMoE.forward_impl
-    monkeypatch.setattr(FusedMoE, "forward_impl", lambda self, *a: upstream_calls.append(1) or real_impl(self, *a))
+    monkeypatch.setattr(FusedMoE, "forward_impl",
+                        lambda self, *a, **kw: upstream_calls.append(1) or real_impl(self, *a, **kw))
     for rows, entry in entries.items():
         assert all(getattr(s, "lean", False) for s in entry.graph.steps) and len(entry.graph.steps) == 2
         static_x.copy_(torch.randn(12, 32).to(torch.bfloat16))
@@ -495,7 +613,8 @@ def _prefill_backend(monkeypatch, env):
         monkeypatch.setenv(k, v)
     runner = SimpleNamespace(device_module=FakeDeviceModule(), model_runner=SimpleNamespace(tp_group=FakeTP()),
                              capture_num_tokens=[128, 1024, 8192], device="cpu")
-    return LayerwisePrefillBackend(runner)
+    with get_parallel().override(tp_group=FakeTP()):  # where 0.5.23's backends take it
+        return LayerwisePrefillBackend(runner)
 
 
 @pytest.mark.parametrize("env, want", [
@@ -584,22 +703,26 @@ def test_a_lean_step_that_raises_keeps_upstreams_path_for_that_size(kernels, mon
 
 
 def test_the_jit_activation_is_called_without_the_custom_op(kernels, monkeypatch):
-    """Where upstream's entry point is sglang.jit_kernel.activation's, the step calls its JIT
-    module's run_activation with the views and name upstream's custom op passes."""
-    jit_act = pytest.importorskip("sglang.jit_kernel.activation")
+    """Where upstream's entry point is its CUDA JIT activation's (0.5.16: sglang.jit_kernel.activation,
+    0.5.23: sglang.kernels.ops.activation.activation), the step calls its JIT module's run_activation
+    with the views and name upstream's custom op passes; a row-filtered call is upstream's own."""
+    act_name, module_of = next((m, f) for m, f in lean_moe._JIT_ACTIVATION if upstream_api.has(m))
+    jit_act = upstream_api.require(act_name)
     calls = []
 
     class Module:
         def run_activation(self, x2d, out2d, name):
             calls.append((x2d.shape, out2d.shape, name, x2d.data_ptr(), out2d.data_ptr()))
 
-    monkeypatch.setattr(jit_act, "_jit_activation_module", lambda dtype: Module())
+    monkeypatch.setattr(jit_act, module_of, lambda dtype: Module())
     x, out = torch.zeros(6, 2, 16), torch.zeros(6, 2, 8)
     lean_moe._activation_call(jit_act.silu_and_mul, "silu", x.view(-1, 16), out)()
     assert calls == [((12, 16), (12, 8), "silu", x.data_ptr(), out.data_ptr())]
     stand_in = []
     lean_moe._activation_call(lambda a, b: stand_in.append((a, b)), "silu", x, out)()
     assert len(stand_in) == 1 and len(calls) == 1  # another entry point: called as it is
+    filtered = lean_moe._activation_call(jit_act.silu_and_mul, "silu", x.view(-1, 16), out, expert_step=4)
+    assert filtered.func is jit_act.silu_and_mul and filtered.keywords == {"expert_step": 4}
 
 
 # ------------------------------------------------------------------------------------------------

@@ -11,7 +11,8 @@ layer runs at a time, on one stream); at each step the same kernels run with the
 its torch custom-op wrapper), and the combine writes straight into the boundary's output buffer.
 
 Only the unquantized Triton path is taken, and only where it is the path upstream would take
-(`refusal` says why not, logged once per reason). A ModelOpt NVFP4 layer on the sm120 MoE backend
+(`refusal` says why not, logged once per reason), on bases 0.5.16 and 0.5.23 (what 0.5.23 decides
+differently, and refuses besides: lean_triton_0523.py). A ModelOpt NVFP4 layer on the sm120 MoE backend
 (`--moe-runner-backend sm120`, fp4_moe) gets its own step on either base: the grouped kernel
 called directly, as upstream's path calls it (fp4_moe.run), with scratch shared by every layer. On by default (its results equal upstream's
 path bit for bit, docs/runner.md, "Lean eager MoE"); SGLANG_SM120_LEAN_MOE=0 turns it off. For decode and for
@@ -30,6 +31,7 @@ from typing import Any, Callable, Dict, Optional, Tuple
 import torch
 
 from .. import settings
+from . import lean_triton_0523
 from .triton_launch import ResolvedOnce
 
 logger = logging.getLogger(__name__)
@@ -72,11 +74,16 @@ def _down_tma_supported() -> bool:
 # ------------------------------------------------------------------------------------------------
 # gate
 # ------------------------------------------------------------------------------------------------
-# The upstream bases whose Triton MoE launches the lean step reproduces argument for argument.
-# 0.5.23's invoke_fused_moe_kernel takes more arguments (a fused SwiGLU among them) and its
-# launcher prepares them differently; until the step is ported there, its layers keep upstream's
+# The upstream bases whose Triton MoE launches the lean step reproduces argument for argument
+# (0.5.23's own decisions: lean_triton_0523.py); on any other base every layer keeps upstream's
 # path (the gate says so once per layer).
-LEAN_STEP_BASES = ("0.5.16",)
+LEAN_STEP_BASES = ("0.5.16", "0.5.23")
+
+
+def _on_0523() -> bool:
+    from sglang.sm120 import upstream_api
+
+    return upstream_api.check_installed() == "0.5.23"
 
 
 def _dispatch_refusal(layer) -> Optional[str]:
@@ -115,7 +122,8 @@ def layer_refusal(layer) -> Optional[str]:
     qm = layer.quant_method
     if type(qm) is not UnquantizedFusedMoEMethod:
         return f"quant method {type(qm).__name__} (only unquantized bf16/fp16 experts)"
-    if getattr(getattr(qm, "_forward_method", None), "__func__", None) is not UnquantizedFusedMoEMethod.forward_cuda:
+    method = lean_triton_0523.forward_method(qm) if base == "0.5.23" else getattr(qm, "_forward_method", None)
+    if getattr(method, "__func__", None) is not UnquantizedFusedMoEMethod.forward_cuda:
         return "the quant method does not dispatch to forward_cuda (not CUDA, or torch.compile)"
     runner = getattr(qm, "runner", None)
     if runner is None or not runner.runner_backend.is_triton():
@@ -150,7 +158,7 @@ def layer_refusal(layer) -> Optional[str]:
         return "SGLANG_EXPERIMENTAL_LORA_OPTI (another align kernel)"
     if get_config() is not None:
         return "an override_config() MoE config is active"
-    return None
+    return lean_triton_0523.layer_refusal(layer) if base == "0.5.23" else None
 
 
 def sm120_layer_refusal(layer) -> Optional[str]:
@@ -263,9 +271,9 @@ class LeanPlan:
     n: int
     config: Dict[str, Any]
     down_config: Optional[Dict[str, Any]]
-    use_tma: bool
+    use_tma: bool  # the down GEMM's
     compute_type: Any
-    reduce: str  # "none" | "add" | "sum_compiled_helper" | "sum_kernel"
+    reduce: str  # "none" | "add" | "sum_compiled_helper" | "sum_triton" | "sum_kernel"
     routed_scaling_factor: float
     sorted_ids: torch.Tensor
     expert_ids: torch.Tensor
@@ -274,12 +282,14 @@ class LeanPlan:
     cache1: torch.Tensor
     cache2: torch.Tensor
     cache3: Optional[torch.Tensor]
+    up_kwargs: Dict[str, Any]  # what the base's up GEMM call adds to 0.5.16's
+    small_align: bool = False  # 0.5.23's single-CTA align
 
 
 def build_plan(workspace: LeanWorkspace, layer, hidden_states, topk_ids) -> LeanPlan:
     import triton.language as tl
 
-    fm, _ = _upstream()
+    fm, mab = _upstream()
     w1, w2 = layer.w13_weight, layer.w2_weight
     cfg = layer.moe_runner_config
     rows, topk = hidden_states.shape[0], topk_ids.shape[1]
@@ -289,13 +299,19 @@ def build_plan(workspace: LeanWorkspace, layer, hidden_states, topk_ids) -> Lean
         w1.shape, (w2.shape[0], w2.shape[1], w2.shape[2]), topk, config_dtype, rows,
         block_shape=None, per_channel_quant=False, return_down_config=True,
     )
-    use_tma = bool(_down_tma_supported() and down_config is not None and down_config.pop("USE_TMA", False))
     block_m = config["BLOCK_SIZE_M"]
     numel = rows * topk
     if numel < E + 1:
         max_padded = numel * block_m
     else:
         max_padded = numel + (E + 1) * (block_m - 1)
+    up_kwargs, small_align = {}, False
+    if _on_0523():
+        config, up_tma, use_tma = lean_triton_0523.tma_flags(fm, config, down_config)
+        up_kwargs = dict(b_use_tma=up_tma, fuse_swiglu=False)
+        max_padded, small_align = lean_triton_0523.align_plan(mab, max_padded, numel, E)
+    else:
+        use_tma = bool(_down_tma_supported() and down_config is not None and down_config.pop("USE_TMA", False))
     max_blocks = -(-max_padded // block_m)
     total = numel + (min(numel, E + 1) * (block_m - 1) if use_tma else 0)
     rsf = 1.0 if cfg.routed_scaling_factor is None else cfg.routed_scaling_factor
@@ -304,7 +320,7 @@ def build_plan(workspace: LeanWorkspace, layer, hidden_states, topk_ids) -> Lean
     elif topk == 2 and rsf == 1.0:
         reduce = "add"
     elif fm._use_moe_sum_reduce_torch_compile(rows):
-        reduce = "sum_compiled_helper"
+        reduce = lean_triton_0523.small_sum(fm) if _on_0523() else "sum_compiled_helper"
     else:
         reduce = "sum_kernel"
     dt = hidden_states.dtype
@@ -321,35 +337,46 @@ def build_plan(workspace: LeanWorkspace, layer, hidden_states, topk_ids) -> Lean
         cache1=workspace.take("cache1", (total, N), dt),
         cache2=workspace.take("cache2", (total, N // 2), dt),
         cache3=None if topk == 1 else workspace.take("cache3", (rows, topk, w2.shape[1]), dt),
+        up_kwargs=up_kwargs, small_align=small_align,
     )
 
 
-def _activation_call(entry, name: str, x: torch.Tensor, out: torch.Tensor) -> Callable[[], Any]:
-    """The gated activation's launch. Upstream's CUDA entry point (sglang.jit_kernel.activation)
-    goes through a torch custom op to its JIT module's `run_activation(input_2d, out_2d, name)`;
-    the step calls that module function with the same views and name, without the op dispatch
-    (same kernel, same arguments). Any other entry point (another platform's, a test's stand-in)
-    is called as it is."""
+# Per base: the module of upstream's CUDA gated activations, and its function giving the JIT module.
+_JIT_ACTIVATION = (("jit_kernel.activation", "_jit_activation_module"),  # 0.5.16
+                   ("kernels.activation", "activation_module"))          # 0.5.23
+
+
+def _activation_call(entry, name: str, x: torch.Tensor, out: torch.Tensor, **row_filter) -> Callable[[], Any]:
+    """The gated activation's launch. Upstream's CUDA entry point (0.5.16: sglang.jit_kernel.activation,
+    0.5.23: sglang.kernels.ops.activation.activation) goes through a torch custom op to its JIT
+    module's `run_activation(input_2d, out_2d, name)`; the step calls that module function with the
+    same views and name, without the op dispatch (same kernel, same arguments). A row-filtered
+    call (0.5.23, TMA down GEMM) takes other custom ops: it, and any other entry point (another
+    platform's, a test's stand-in), is called as upstream calls it."""
     from sglang.sm120 import upstream_api
 
-    if not upstream_api.has("jit_kernel.activation"):  # declared absent on this base
-        return partial(entry, x, out)
-    jit_act = upstream_api.require("jit_kernel.activation")
-    if entry is not getattr(jit_act, f"{name}_and_mul", None):  # another platform's or a test's entry
-        return partial(entry, x, out)
+    found = [(upstream_api.require(m), f) for m, f in _JIT_ACTIVATION if upstream_api.has(m)]
+    if row_filter or not found or entry is not getattr(found[0][0], f"{name}_and_mul", None):
+        return partial(entry, x, out, **row_filter)
+    act_module, module_of = found[0]
     hidden = x.shape[-1] // 2
-    module = jit_act._jit_activation_module(x.dtype)
+    module = getattr(act_module, module_of)(x.dtype)
     return partial(module.run_activation, x.view(-1, 2 * hidden), out.view(-1, hidden), name)
 
 
-# The Triton kernels upstream's invoke_fused_moe_kernel launches on the unquantized path; the
-# lean step resolves their launches once (triton_launch.py) instead of through Triton each call.
+# The Triton kernels upstream's invoke_fused_moe_kernel launches on the unquantized path (and, on
+# 0.5.23, its small-batch align and sum); the lean step resolves their launches once
+# (triton_launch.py) instead of through Triton each call.
 TRITON_KERNELS = ("fused_moe_kernel",)
+SMALL_ALIGN_KERNELS = ("_moe_align_small_numel_kernel",)
+SUM_KERNELS = ("_moe_sum_reduce_kernel",)
 
 
 def launch_calls(plan: LeanPlan, layer, hidden_states, topk_weights, topk_ids, out) -> Tuple[Callable[[], Any], ...]:
     """The kernel launches of upstream's sequence for this plan, arguments bound: moe_align,
     gate/up GEMM, activation, down GEMM, combine into `out`."""
+    from sglang.sm120 import upstream_api
+
     fm, mab = _upstream()
     w1, w2 = layer.w13_weight, layer.w2_weight
     cfg = layer.moe_runner_config
@@ -357,16 +384,23 @@ def launch_calls(plan: LeanPlan, layer, hidden_states, topk_weights, topk_ids, o
     quant_off = dict(use_fp8_w8a8=False, use_int8_w8a8=False, use_int8_w8a16=False,
                      use_int4_w4a16=False, per_channel_quant=False, block_shape=None)
     routing = (topk_weights, topk_ids, plan.sorted_ids, plan.expert_ids, plan.num_tokens_post_pad)
+    block_m = plan.config["BLOCK_SIZE_M"]
+    align = (plan.num_experts + 1, block_m, plan.sorted_ids, plan.expert_ids, plan.num_tokens_post_pad)
+    row_filter = {}
+    if upstream_api.has("fused_moe._activation_row_filter"):
+        row_filter = fm._activation_row_filter(
+            down_moe_use_tma=plan.use_tma, filter_expert=False, topk_ids=topk_ids, expert_ids=plan.expert_ids,
+            sorted_token_ids=plan.sorted_ids, num_tokens_post_padded=plan.num_tokens_post_pad, block_size_m=block_m)
     calls = [
-        partial(mab.sgl_moe_align_block_size, topk_ids, plan.num_experts + 1,
-                plan.config["BLOCK_SIZE_M"], plan.sorted_ids, plan.expert_ids,
-                plan.num_tokens_post_pad, plan.cumsum, True, False),
+        ResolvedOnce(partial(mab.moe_align_small_numel, topk_ids, *align, write_inactive_prefix_count=False),
+                     SMALL_ALIGN_KERNELS) if plan.small_align else
+        partial(mab.sgl_moe_align_block_size, topk_ids, *align, plan.cumsum, True, False),
         ResolvedOnce(partial(
             fm.invoke_fused_moe_kernel, hidden_states, w1, None, plan.cache1, None, None, None,
             *routing, on_input, plan.topk, plan.config, compute_type=plan.compute_type,
-            **quant_off, c_sorted=plan.use_tma, filter_expert=False), TRITON_KERNELS),
+            **quant_off, c_sorted=plan.use_tma, **plan.up_kwargs, filter_expert=False), TRITON_KERNELS),
         _activation_call(fm.silu_and_mul if cfg.activation == "silu" else fm.gelu_and_mul,
-                         cfg.activation, plan.cache1.view(-1, plan.n), plan.cache2),
+                         cfg.activation, plan.cache1.view(-1, plan.n), plan.cache2, **row_filter),
         ResolvedOnce(partial(
             fm.invoke_fused_moe_kernel, plan.cache2, w2, None,
             out.unsqueeze(0) if plan.cache3 is None else plan.cache3, None, None, None,
@@ -383,6 +417,9 @@ def launch_calls(plan: LeanPlan, layer, hidden_states, topk_weights, topk_ids, o
         calls.append(partial(torch.sum, c3, dim=1, out=out))
     elif plan.reduce == "sum_compiled_helper":
         calls.append(partial(fm.moe_sum_reduce_torch_compile, c3, out, plan.routed_scaling_factor))
+    elif plan.reduce == "sum_triton":
+        calls.append(ResolvedOnce(partial(fm.moe_sum_reduce_triton, c3, out, plan.routed_scaling_factor),
+                                  SUM_KERNELS))
     elif plan.reduce == "sum_kernel":
         calls.append(partial(fm.moe_sum_reduce, c3, out, plan.routed_scaling_factor))
     return tuple(calls)
