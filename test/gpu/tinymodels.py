@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from sglang.sm120 import settings
 from sglang.sm120.tiny.serving import ENV_DSA_ARGS, dsa_flags
 
 
@@ -30,11 +31,7 @@ PARALLEL_SUFFIX = (f"-tp{TP}" if TP > 1 else "") + (f"-ep{EP}" if EP > 1 else ""
 # SGLANG_SM120_GPU_MOE_BACKEND=sm120 runs the NVFP4 models' experts on the fork's grouped W4A16 kernel
 # (--moe-runner-backend sm120) in every engine, the reference included; the grids then run the
 # NVFP4 models only (bf16 experts have no such backend) and name their results "...-moe-sm120".
-MOE_BACKENDS = ("sm120",)
-MOE_BACKEND = os.environ.get("SGLANG_SM120_GPU_MOE_BACKEND") or None
-if MOE_BACKEND is not None and MOE_BACKEND not in MOE_BACKENDS:
-    raise ValueError(f"SGLANG_SM120_GPU_MOE_BACKEND={MOE_BACKEND!r}: accepted values are "
-                     f"{', '.join(MOE_BACKENDS)} (unset: upstream's choice)")
+MOE_BACKEND = settings.get("SGLANG_SM120_GPU_MOE_BACKEND")  # a bad value: ValueError naming it
 MOE_SUFFIX = f"-moe-{MOE_BACKEND}" if MOE_BACKEND else ""
 # SGLANG_SM120_GPU_MAX_TOKENS=N caps the KV pool of every engine/server the GPU tests start (so
 # several of them can share one GPU); None: sglang sizes it from --mem-fraction-static

@@ -261,6 +261,10 @@ SETTINGS: Tuple[Setting, ...] = (
     _s("GPU_MAX_TOKENS", "int", 0, "test",
        "GPU correctness test: KV pool of every engine capped at this many tokens; 0 = no cap.",
        minimum=0),
+    _s("GPU_MOE_BACKEND", "str", None, "test",
+       "GPU correctness grid: run the NVFP4 tiny models only, every engine with --moe-runner-backend "
+       "of this value (results named -moe-<value>); unset: upstream's choice.",
+       pattern=r"sm120", expect="sm120"),
     _s("RESULTS_DIR", "path", None, "test",
        "GPU tests also write their result files (JSON, markdown) into this folder."),
     _s("TP", "int", 1, "test", "Layerwise GPU tests (correctness grid, traps): tensor parallelism of every "
