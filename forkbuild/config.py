@@ -7,16 +7,14 @@ the overlay is shared. SGLANG_SM120_BASE picks the base; unset, the build takes
 """
 from __future__ import annotations
 
-import os
 import sys
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import settings as build_settings
 from .errors import BuildError
-
-REPO = Path(__file__).resolve().parent.parent
+from .upstream_toml import REPO, bases, default_base  # noqa: F401 (callers import them from here)
+from .upstream_toml import read as _read
 ENV_BASE = "SGLANG_SM120_BASE"
 
 
@@ -66,27 +64,6 @@ def _changes(entries, where: str) -> tuple[RequirementChange, ...]:
             raise BuildError(f"UPSTREAM.toml {where}: every entry needs 'requirement' and 'reason'")
         out.append(RequirementChange(e["requirement"], e["reason"]))
     return tuple(out)
-
-
-def _read(path: Path) -> dict:
-    try:
-        return tomllib.loads(path.read_text())
-    except FileNotFoundError:
-        raise BuildError(f"{path}: missing") from None
-    except tomllib.TOMLDecodeError as e:
-        raise BuildError(f"{path}: {e}") from None
-
-
-def bases(path: Path | None = None) -> list[str]:
-    """Every supported upstream version, in file order."""
-    path = path or REPO / "UPSTREAM.toml"
-    return list(_read(path).get("base", {}))
-
-
-def default_base(path: Path | None = None) -> str | None:
-    """The base a build takes when SGLANG_SM120_BASE is unset."""
-    path = path or REPO / "UPSTREAM.toml"
-    return _read(path).get("upstream", {}).get("default")
 
 
 def load_pin(path: Path | None = None, base: str | None = None) -> Pin:

@@ -70,7 +70,7 @@ def base(environ: Optional[Mapping[str, str]] = None, upstream_toml: Optional[Pa
 
 
 def check_base(version: str, upstream_toml: Optional[Path] = None) -> None:
-    from .config import bases
+    from .upstream_toml import bases
 
     known = bases(upstream_toml)
     if version not in known:
