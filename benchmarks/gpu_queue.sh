@@ -136,7 +136,7 @@ step() {  # step NAME CAP CMD...
 }
 say "GPU: $(head -n 1 "$RES/gpu.txt" 2>/dev/null || echo "unknown (no nvidia-smi)")"
 grids_side_by_side() {  # PREFIX FOLDER CAP RUN...: one pytest process of the correctness grid per
-  # RUN ("label|-k expression|results folder under RES|VAR=value or empty"), all at once on the one
+  # RUN ("label|-k expression|results folder under RES|VAR=value words or empty"), all at once on the one
   # GPU, each KV pool capped; a failed run leaves RES/FOLDER/<label>.failed
   local prefix=$1 folder=$2 cap=$3 r label k dir extra; shift 3
   mkdir -p "$RES/$folder"
@@ -144,7 +144,7 @@ grids_side_by_side() {  # PREFIX FOLDER CAP RUN...: one pytest process of the co
     IFS='|' read -r label k dir extra <<< "$r"
     (
       FAILED=()
-      [ -z "$extra" ] || export "${extra?}"  # this subshell only
+      [ -z "$extra" ] || export $extra  # VAR=value words, this subshell only
       SGLANG_SM120_GPU_MAX_TOKENS=2200000 SGLANG_SM120_TINY_DIR=/tmp/sm120-tiny \
         SGLANG_SM120_RESULTS_DIR="$RES/$dir" step "$prefix-$label" "$cap" "$PY" -m pytest -m gpu -q \
         -p no:cacheprovider --basetemp "/tmp/sm120-$prefix-$label" test/gpu/test_layerwise_correctness.py -k "$k"
@@ -248,13 +248,11 @@ for s in "${STEPS[@]}"; do
       done
       grids_side_by_side correctness-full full-grid 2400 "${runs[@]}" ;;
     correctness-moe-sm120)  # issue 42 item 5; the whole grid with CORRECTNESS_MOE_FULL=1
-      runs=()
+      runs=() grid_env=" SGLANG_SM120_GPU_QUICK=1"; [ "${CORRECTNESS_MOE_FULL:-0}" = 1 ] && grid_env=""
       for m in ${CORRECTNESS_MOE_MODELS:-qwen3_moe-nvfp4 deepseek_v2-nvfp4 glm_moe_dsa-nvfp4 glm4_moe-nvfp4}; do
-        runs+=("$m|$m|moe-sm120|SGLANG_SM120_GPU_MOE_BACKEND=sm120")
+        runs+=("$m|$m|moe-sm120|SGLANG_SM120_GPU_MOE_BACKEND=sm120$grid_env")
       done
-      [ "${CORRECTNESS_MOE_FULL:-0}" = 1 ] || export SGLANG_SM120_GPU_QUICK=1
-      grids_side_by_side correctness-moe-sm120 moe-sm120 1800 "${runs[@]}"
-      unset SGLANG_SM120_GPU_QUICK ;;
+      grids_side_by_side correctness-moe-sm120 moe-sm120 1800 "${runs[@]}" ;;
     correctness-alone)  # one process at a time: is a divergence the GPU's sharing, or the lean MoE?
       mkdir -p "$RES/alone" "$RES/alone-upstream-moe"
       for k in ${CORRECTNESS_ALONE_K:-deepseek_v2-bf16}; do

@@ -28,8 +28,8 @@ REGISTRY = "benchmarks/records.toml"
 RESULTS = "benchmarks/results"
 STATUS = "docs/status.md"
 REQUIRED = ("name", "measures", "command", "file", "headline", "hardware", "base")
-# GPU models a record's hardware or a run's device is told apart by (longest first: "H100" in
-# "GH100" would not be a word match anyway)
+# GPU models a record's hardware or a run's device is told apart by (whole words: "H200" does not
+# match inside "GH200")
 GPU_MODELS = re.compile(r"\b(RTX PRO 6000|RTX 5090|GH200|H100|H200|B200|B300|A100|L40S)\b")
 GPU_FILE = "gpu.txt"
 

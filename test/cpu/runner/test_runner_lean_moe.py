@@ -706,8 +706,9 @@ def test_the_jit_activation_is_called_without_the_custom_op(kernels, monkeypatch
     """Where upstream's entry point is its CUDA JIT activation's (0.5.16: sglang.jit_kernel.activation,
     0.5.23: sglang.kernels.ops.activation.activation), the step calls its JIT module's run_activation
     with the views and name upstream's custom op passes; a row-filtered call is upstream's own."""
-    act_name, module_of = next((m, f) for m, f in lean_moe._JIT_ACTIVATION if upstream_api.has(m))
+    act_name, module_fn = next((m, f) for m, f in lean_moe._JIT_ACTIVATION if upstream_api.has(m))
     jit_act = upstream_api.require(act_name)
+    module_of = module_fn.rsplit(".", 1)[1]  # the function's name in that module
     calls = []
 
     class Module:

@@ -305,8 +305,9 @@ def build_plan(workspace: LeanWorkspace, layer, hidden_states, topk_ids) -> Lean
         max_padded = numel * block_m
     else:
         max_padded = numel + (E + 1) * (block_m - 1)
+    on_0523 = _on_0523()
     up_kwargs, small_align = {}, False
-    if _on_0523():
+    if on_0523:
         config, up_tma, use_tma = lean_triton_0523.tma_flags(fm, config, down_config)
         up_kwargs = dict(b_use_tma=up_tma, fuse_swiglu=False)
         max_padded, small_align = lean_triton_0523.align_plan(mab, max_padded, numel, E)
@@ -320,7 +321,7 @@ def build_plan(workspace: LeanWorkspace, layer, hidden_states, topk_ids) -> Lean
     elif topk == 2 and rsf == 1.0:
         reduce = "add"
     elif fm._use_moe_sum_reduce_torch_compile(rows):
-        reduce = lean_triton_0523.small_sum(fm) if _on_0523() else "sum_compiled_helper"
+        reduce = lean_triton_0523.small_sum(fm) if on_0523 else "sum_compiled_helper"
     else:
         reduce = "sum_kernel"
     dt = hidden_states.dtype
@@ -341,9 +342,10 @@ def build_plan(workspace: LeanWorkspace, layer, hidden_states, topk_ids) -> Lean
     )
 
 
-# Per base: the module of upstream's CUDA gated activations, and its function giving the JIT module.
-_JIT_ACTIVATION = (("jit_kernel.activation", "_jit_activation_module"),  # 0.5.16
-                   ("kernels.activation", "activation_module"))          # 0.5.23
+# Per base, anchors of upstream's CUDA gated activations: their module, and its function giving
+# the JIT module.
+_JIT_ACTIVATION = (("jit_kernel.activation", "jit_kernel.activation._jit_activation_module"),  # 0.5.16
+                   ("kernels.activation", "kernels.activation.activation_module"))             # 0.5.23
 
 
 def _activation_call(entry, name: str, x: torch.Tensor, out: torch.Tensor, **row_filter) -> Callable[[], Any]:
@@ -355,12 +357,11 @@ def _activation_call(entry, name: str, x: torch.Tensor, out: torch.Tensor, **row
     platform's, a test's stand-in), is called as upstream calls it."""
     from sglang.sm120 import upstream_api
 
-    found = [(upstream_api.require(m), f) for m, f in _JIT_ACTIVATION if upstream_api.has(m)]
-    if row_filter or not found or entry is not getattr(found[0][0], f"{name}_and_mul", None):
+    found = next(((m, f) for m, f in _JIT_ACTIVATION if upstream_api.has(m)), None)
+    if row_filter or found is None or entry is not getattr(upstream_api.require(found[0]), f"{name}_and_mul", None):
         return partial(entry, x, out, **row_filter)
-    act_module, module_of = found[0]
     hidden = x.shape[-1] // 2
-    module = getattr(act_module, module_of)(x.dtype)
+    module = upstream_api.require(found[1])(x.dtype)
     return partial(module.run_activation, x.view(-1, 2 * hidden), out.view(-1, hidden), name)
 
 
