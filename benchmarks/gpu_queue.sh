@@ -107,6 +107,7 @@
 # the installed fork's own, or the tree's once the kernels step built it there (the later steps
 # then use that one through SGLANG_SM120_KERNEL_LIB; set it yourself to use another).
 # Every step's log is RESULTS/<step>.log; the queue's own lines go to stdout with timestamps.
+# QUEUE_CAP_PCT=200 doubles every step's cap (for steps that share the GPU with another queue).
 # The host's copy of the tree may carry a stale .git: pass SGLANG_SM120_COMMIT=<sha> so the
 # results record the commit that was measured.
 set -uo pipefail
@@ -126,7 +127,7 @@ PY="${PYTHON:-python3}"
 FAILED=()
 say() { echo "[measure $(date +%T)] $*"; }
 step() {  # step NAME CAP CMD...
-  local name=$1 cap=$2; shift 2
+  local name=$1 cap=$(( $2 * ${QUEUE_CAP_PCT:-100} / 100 )); shift 2  # QUEUE_CAP_PCT: steps sharing the GPU run slower
   say "$name: start (cap $cap s): $*"
   local t0=$SECONDS
   timeout "$cap" "$@" > "$RES/$name.log" 2>&1
