@@ -62,13 +62,13 @@ def test_every_results_json_has_non_empty_targets(tmp_path):
     assert _targets_problems(REPO, status) == []
     # a record whose targets are empty, one whose target lacks `met`: both reported
     root = _copy(tmp_path)
-    (root / "benchmarks/results/soak-h200.json").write_text(json.dumps({"targets": {}}))
+    (root / "benchmarks/results/soak-h200.json.gz").write_bytes(gzip.compress(json.dumps({"targets": {}}).encode()))
     runner = root / "benchmarks/results/runner-h200.json.gz"
     doc = status.read_doc(runner)
     del doc["targets"]["decode_speedup_vs_eager_bs512"]["met"]
     runner.write_bytes(gzip.compress(json.dumps(doc).encode()))
     bad = _targets_problems(root, status)
-    assert any(b.startswith("soak-h200.json: no non-empty") for b in bad), bad
+    assert any(b.startswith("soak-h200.json.gz: no non-empty") for b in bad), bad
     assert any("decode_speedup_vs_eager_bs512 lacks" in b for b in bad), bad
 
 
@@ -98,10 +98,10 @@ def test_status_page_is_generated_from_the_registry_and_files(tmp_path):
     assert page.count("\n| [") == len(status.registry(REPO))  # one row per benchmark
     # a record whose value changed: the stored page no longer matches
     root = _copy(tmp_path)
-    soak = root / "benchmarks/results/soak-h200.json"
-    doc = json.loads(soak.read_text())
+    soak = root / "benchmarks/results/soak-h200.json.gz"
+    doc = json.loads(gzip.decompress(soak.read_bytes()))
     doc["targets"]["gpu_memory_drift_pct"]["value"] = 7.5
-    soak.write_text(json.dumps(doc))
+    soak.write_bytes(gzip.compress(json.dumps(doc).encode()))
     assert status.render(root) != (root / "docs/status.md").read_text()
 
 
