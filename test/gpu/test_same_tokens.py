@@ -39,7 +39,7 @@ from typing import Dict, List, Optional
 import pytest
 
 from sglang.sm120.launcher import Server, log_tail, request_json
-import tinymodels  # noqa: E402
+from sglang.sm120.tiny import serving
 from tinymodels import tiny_root  # noqa: E402,F401 (fixture)
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow]
@@ -77,8 +77,8 @@ def common_flags() -> List[str]:
 
 def model_flags_env(model: str):
     flags, env = [], {}
-    if model.startswith(tinymodels.DSA_ARCH + "-"):
-        flags, env = tinymodels.dsa_flags(), tinymodels.dsa_env()
+    if model.startswith(serving.DSA_ARCH + "-"):
+        flags, env = serving.dsa_flags(), serving.dsa_env()
     if model.endswith("-nvfp4"):
         env["SGLANG_SM120_MARLIN_MOE_ORDERED_REDUCE"] = "1"  # identical requests, identical sums
     return flags, env
@@ -168,7 +168,7 @@ class Fleet:
     def start(self, model: str) -> Dict[str, Server]:
         if model not in self.servers:
             arch, quant = model.rsplit("-", 1)
-            model_dir = tinymodels.tiny_model(self.root, arch, quant)
+            model_dir = serving.tiny_model(self.root, arch, quant)
             self.vocab[model] = json.loads((Path(model_dir) / "config.json").read_text())["vocab_size"]
             flags, env = model_flags_env(model)
             group = {}
@@ -306,7 +306,7 @@ class ColdPair:
         if self.trap_log.exists():
             self.trap_log.unlink()
         arch, quant = COLD_MODEL.rsplit("-", 1)
-        model_dir = tinymodels.tiny_model(root, arch, quant)
+        model_dir = serving.tiny_model(root, arch, quant)
         self.vocab = json.loads((Path(model_dir) / "config.json").read_text())["vocab_size"]
         self.servers = {}
         for role, flags, extra in (("cold-layerwise", LAYERWISE,

@@ -153,6 +153,9 @@ ANCHORS: Dict[str, Dict[str, Optional[str]]] = {
     "forward_context": _both("sglang.srt.model_executor.forward_context:forward_context"),
     "runtime_context.get_forward": _both("sglang.srt.runtime_context:get_forward"),
     "runtime_context.get_server_args": _both("sglang.srt.runtime_context:get_server_args"),
+    # check/moe_timing.py: a kernel harness publishes upstream's default MoE flags (no server runs)
+    "runtime_context.get_context": _both("sglang.srt.runtime_context:get_context"),
+    "ServerArgs": _both("sglang.srt.server_args:ServerArgs"),
     # runner/config.py: where the resolved CUDA-graph config lives at run time on 0.5.23
     "runtime_context.get_exec": {
         "0.5.16": None,

@@ -174,3 +174,43 @@ def test_flat_row_from_a_timed_cell(bench):
     r = bench.flat_row({**cell, "us": {"sm120": 10.0}, "failed": {}}, moe_shape("qwen3-30b"), 4e12,
                        {"bf16": "ImportError: triton"})
     assert r["bf16_missing"] == "ImportError: triton" and r["marlin_missing"] == "not available"
+
+
+def test_kernel_split_reports_an_upstream_backend_that_fails_and_raises_on_ours(bench):
+    def boom(*a):
+        raise RuntimeError("Global server args is not set yet!")
+
+    x = torch.zeros(2, 8)
+    assert bench.kernel_split({"marlin": boom, "bf16": boom}, x, lambda key: [(None, None)]) == {
+        "marlin": {"failed": "RuntimeError: Global server args is not set yet!"},
+        "bf16": {"failed": "RuntimeError: Global server args is not set yet!"}}
+    with pytest.raises(RuntimeError, match="not set yet"):
+        bench.kernel_split({"sm120": boom}, x, lambda key: [(None, None)])
+
+
+def test_upstream_moe_kernels_get_upstreams_default_flags_outside_a_server():
+    """Upstream's Triton MoE reads get_server_args() flags, which only a server publishes (the
+    first H200 run of bench_moe_fp4 died on it). 0.5.16: publish_kernel_flags publishes a stand-in
+    with ServerArgs' defaults and leaves a published one alone; 0.5.23: it says why it cannot, and
+    setup leaves every upstream backend out with that reason."""
+    from sglang.sm120 import upstream_api as U
+    from sglang.sm120.check import moe_timing as MT
+
+    ctx = U.require("runtime_context.get_context")()
+    saved = ctx._server_args
+    try:
+        ctx._server_args = None
+        why = MT.publish_kernel_flags()
+        if U.installed_base() == "0.5.23":
+            assert "0.5.23" in why and ctx._server_args is None
+            return
+        assert why is None
+        args = U.require("runtime_context.get_server_args")()
+        defaults = U.require("ServerArgs")
+        for f in MT.KERNEL_FLAGS:
+            assert getattr(args, f) == getattr(defaults, f) is False
+        mine = type("Published", (), {"enable_deterministic_inference": True})()
+        ctx._server_args = mine
+        assert MT.publish_kernel_flags() is None and U.require("runtime_context.get_server_args")() is mine
+    finally:
+        ctx._server_args = saved
