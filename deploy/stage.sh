@@ -32,4 +32,12 @@ for part in "$@"; do
   echo "stage.sh: copied ${#files[@]} file(s) of $name into $STAGE/$name"
   bash "$STAGE/install.sh" --verify-only --part "$name"
 done
-bash "$STAGE/install.sh" --status
+status="$(bash "$STAGE/install.sh" --status)"
+echo "$status"
+# last line: what is still missing (a caller reading only the tail still sees it)
+missing="$(awk -F: '/: missing/ {printf "%s ", $1}' <<< "$status")"
+if [ -n "$missing" ]; then
+  echo "stage.sh: still missing: ${missing% }"
+else
+  echo "stage.sh: every part staged (next: deploy/install.sh)"
+fi

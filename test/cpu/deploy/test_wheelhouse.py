@@ -518,10 +518,12 @@ def test_stage_then_gpu_host_install_with_a_prebuilt_fork(tmp_path):
     r = _sh([REPO / "deploy/stage.sh", out / parts[0]], env)
     assert r.returncode == 0, r.stderr
     assert f"{parts[1]}: missing" in r.stdout and f"{parts[0]}: present" in r.stdout
+    assert r.stdout.splitlines()[-1] == "stage.sh: still missing: " + " ".join(parts[1:])
     r = _sh([REPO / "deploy/install.sh", site], env)  # not everything staged yet
     assert r.returncode == 1 and "is missing or incomplete" in r.stderr
     r = _sh([REPO / "deploy/stage.sh", *(out / p for p in parts[1:])], env)
     assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines()[-1] == "stage.sh: every part staged (next: deploy/install.sh)"
     other, _ = _wheelhouse(tmp_path / "other")  # a different build (upstream role): manifests differ
     r = _sh([REPO / "deploy/stage.sh", other / parts[0]], env)
     assert r.returncode == 1 and "belongs to another wheelhouse build" in r.stderr
