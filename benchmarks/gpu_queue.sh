@@ -84,6 +84,11 @@
 #   same-tokens  test_same_tokens.py (quick subset unless SAME_TOKENS_FULL=1): layerwise tokens
 #                identical to graphs disabled, repeatability, a cold-JIT start under strict traps
 #                -> RESULTS/same-tokens-h200.json (the record)                                      600
+#   serving-parity  (by name only) issue 43 item 7: benchmarks/bench_serving_parity.py, an upstream and a
+#                layerwise server side by side per model in $SERVING_PARITY_MODELS (default: three tiny
+#                bf16 models and the Qwen3-30B-A3B-shape NVFP4 model), concurrency 64 and 256 (inside
+#                the full-graph ceiling), 5 rounds each in alternating order
+#                -> RESULTS/serving-parity-h200.{json,md}                                         1800
 #   repeat-probe lab/repeat_probe.py: one server per variant in $REPEAT_PROBE_VARIANTS (';'-separated
 #                "NAME MODEL [WORD...]"; default: the DSA NVFP4 greedy-repeat suspects), each
 #                answering one greedy batch 12 times -> RESULTS/repeat-probe.json              900
@@ -116,7 +121,7 @@ cd "$(dirname "$0")/.."
 RES=$(mkdir -p "$1" && cd "$1" && pwd); shift
 STEPS=("$@")
 [ ${#STEPS[@]} -gt 0 ] || STEPS=(correctness-full correctness-alone prefill-fa2 runner zero-copy traps kernels fp4 lean-moe prefill-profile correctness graph-memory moe-profile eager-warmup)
-KNOWN="glm5-twin plan-check same-tokens-probe same-tokens repeat-probe glm5-launch-line sm120-check fp4-selfcheck gpu-suite lean-moe kernels fp4 moe-fp4 moe-fp4-sweep correctness-moe-sm120 graph-memory runner prefill-profile prefill-fa2 zero-copy moe-profile traps correctness correctness-full correctness-alone eager-warmup client-ceiling serving soak serving-diag serving-soak serving-tw4"
+KNOWN="glm5-twin plan-check serving-parity same-tokens-probe same-tokens repeat-probe glm5-launch-line sm120-check fp4-selfcheck gpu-suite lean-moe kernels fp4 moe-fp4 moe-fp4-sweep correctness-moe-sm120 graph-memory runner prefill-profile prefill-fa2 zero-copy moe-profile traps correctness correctness-full correctness-alone eager-warmup client-ceiling serving soak serving-diag serving-soak serving-tw4"
 for s in "${STEPS[@]}"; do  # all checked before the first one starts
   case " $KNOWN " in *" $s "*) ;; *) echo "gpu_queue.sh: unknown step $s ($KNOWN)"; exit 2 ;; esac
 done
@@ -178,6 +183,9 @@ for s in "${STEPS[@]}"; do
       quick=(--quick); [ "${TWIN_FULL:-0}" = 1 ] && quick=()
       step glm5-twin 2400 "$PY" benchmarks/bench_twin.py "${quick[@]}" ${TWIN_CONFIGS:+--configs $TWIN_CONFIGS} \
         --workdir "$RES/twin-work" --out "$RES/glm5-twin-h200.json" ;;
+    serving-parity)
+      step serving-parity 1800 "$PY" benchmarks/bench_serving_parity.py --results-dir "$RES" \
+        --workdir "$RES/parity-work" ${SERVING_PARITY_MODELS:+--models $SERVING_PARITY_MODELS} ;;
     same-tokens-probe)
       step same-tokens-probe 480 "$PY" lab/same_tokens_probe.py --out "$RES/same-tokens-probe" \
         --model "${SAME_TOKENS_MODEL:-glm4_moe-bf16}" ${SAME_TOKENS_VARIANTS:+--variants "$SAME_TOKENS_VARIANTS"} ;;

@@ -27,6 +27,14 @@ def run(tmp_path, *steps, fail=""):
     return proc, calls
 
 
+def set_or_unset(monkeypatch, name, value):
+    """The step's variable as the parametrization says: a value, or absent (None)."""
+    if value is None:
+        monkeypatch.delenv(name, raising=False)
+    else:
+        monkeypatch.setenv(name, value)
+
+
 def test_steps_run_in_order_and_a_failure_does_not_stop_the_queue(tmp_path):
     proc, calls = run(tmp_path, "fp4", "runner", "traps", fail="bench_runner")
     assert proc.returncode == 1
@@ -153,10 +161,7 @@ def test_full_grid_step_runs_each_model_in_its_own_process_and_reports_each_fail
 
 @pytest.mark.parametrize("full", [None, "1"])
 def test_moe_sm120_grid_runs_each_nvfp4_model_on_the_sm120_kernel(tmp_path, monkeypatch, full):
-    if full is None:
-        monkeypatch.delenv("CORRECTNESS_MOE_FULL", raising=False)
-    else:
-        monkeypatch.setenv("CORRECTNESS_MOE_FULL", full)
+    set_or_unset(monkeypatch, "CORRECTNESS_MOE_FULL", full)
     monkeypatch.delenv("SGLANG_SM120_GPU_QUICK", raising=False)
     proc, calls = run(tmp_path, "correctness-moe-sm120", "traps", fail="-k glm4_moe-nvfp4")
     assert proc.returncode == 1, proc.stdout
@@ -215,11 +220,8 @@ def test_moe_fp4_step_runs_the_gpu_test_then_the_benchmark_into_the_results(tmp_
 
 @pytest.mark.parametrize("full,configs", [(None, None), ("1", "layerwise_moe_sm120 layerwise_moe_marlin")])
 def test_twin_step_runs_the_twin_bench_quick_unless_told(tmp_path, monkeypatch, full, configs):
-    for name, value in (("TWIN_FULL", full), ("TWIN_CONFIGS", configs)):
-        if value is None:
-            monkeypatch.delenv(name, raising=False)
-        else:
-            monkeypatch.setenv(name, value)
+    set_or_unset(monkeypatch, "TWIN_FULL", full)
+    set_or_unset(monkeypatch, "TWIN_CONFIGS", configs)
     proc, calls = run(tmp_path, "glm5-twin")
     assert proc.returncode == 0, proc.stdout
     (call,) = calls
@@ -248,3 +250,23 @@ def test_the_queue_records_the_gpu_it_measures_on(tmp_path, monkeypatch):
     smi.write_text("#!/bin/sh\nexit 9\n")
     proc, _ = run(tmp_path, "lean-moe")
     assert not (tmp_path / "res" / "gpu.txt").exists() and "GPU: unknown" in proc.stdout
+
+
+@pytest.mark.parametrize("models", [None, "qwen3_moe-bf16 qwen3-30b-a3b-nvfp4"])
+def test_serving_parity_step_runs_the_bench_into_the_results(tmp_path, monkeypatch, models):
+    set_or_unset(monkeypatch, "SERVING_PARITY_MODELS", models)
+    proc, calls = run(tmp_path, "serving-parity")
+    assert proc.returncode == 0, proc.stdout
+    (call,) = calls
+    assert call.startswith("benchmarks/bench_serving_parity.py --results-dir " + str(tmp_path / "res"))
+    from repo_scripts import load  # every flag the step passes parses under the bench's own parser
+
+    a = load("benchmarks/bench_serving_parity.py").parse_args(call.split(" ", 1)[1].split())
+    assert a.workdir == str(tmp_path / "res" / "parity-work")
+    assert a.models == (models.split() if models else load("benchmarks/bench_serving_parity.py").DEFAULT_MODELS)
+
+
+def test_queue_cap_pct_scales_every_steps_cap(tmp_path, monkeypatch):
+    monkeypatch.setenv("QUEUE_CAP_PCT", "150")
+    proc, _ = run(tmp_path, "lean-moe")
+    assert "lean-moe: start (cap 450 s)" in proc.stdout
