@@ -60,11 +60,11 @@ PREFIX_LEN, PREFIX_PROMPTS = 1500, 32
 DECODE_TOKENS, PREFILL_TOKENS = 16, 4
 CHUNK = 2048  # chunked prefill size of every server: prompts above it are prefilled in chunks
 MAX_TOTAL_TOKENS = 262144
-# the tiny models' max_position_embeddings is 4096 and sglang refuses a request whose prompt plus
-# new tokens exceed the context length: every server runs at this one (random weights, so RoPE
-# past 4096 costs nothing), which upstream allows only with its override variable
-CONTEXT_LENGTH = 8192
-LONGER_CONTEXT_ENV = {"SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN": "1"}
+# the tiny models have 4096 positions and sglang refuses a request whose prompt plus new tokens
+# exceed the context length (the prefill group sends 4096-token prompts): every server loads them
+# with more positions (config override; a --context-length past the positions would index past
+# the RoPE cache)
+POSITIONS = 8192
 STARTUP_TIMEOUT = float(os.environ.get("SGLANG_SM120_TEST_STARTUP_TIMEOUT", "900"))
 
 LAYERWISE = ["--enable-piecewise-cuda-graph"]
@@ -77,13 +77,14 @@ def common_flags() -> List[str]:
     return ["--attention-backend", "flashinfer", "--max-running-requests", "1024",
             "--chunked-prefill-size", str(CHUNK), "--max-total-tokens", str(MAX_TOTAL_TOKENS),
             "--mem-fraction-static", "0.7", "--random-seed", "0", "--watchdog-timeout", "1200",
-            "--grammar-backend", "none", "--context-length", str(CONTEXT_LENGTH)]
+            "--grammar-backend", "none",
+            "--json-model-override-args", json.dumps({"max_position_embeddings": POSITIONS})]
 
 
 def model_flags_env(model: str):
-    flags, env = [], dict(LONGER_CONTEXT_ENV)
+    flags, env = [], {}
     if model.startswith(serving.DSA_ARCH + "-"):
-        flags, env = serving.dsa_flags(), {**env, **serving.dsa_env()}
+        flags, env = serving.dsa_flags(), serving.dsa_env()
     if model.endswith("-nvfp4"):
         env["SGLANG_SM120_MARLIN_MOE_ORDERED_REDUCE"] = "1"  # identical requests, identical sums
     return flags, env
@@ -319,7 +320,7 @@ class ColdPair:
                                    ("cold-upstream", [], {})):
             cache = caches / role
             env = {"FLASHINFER_WORKSPACE_BASE": str(cache), "TRITON_CACHE_DIR": str(cache / "triton"),
-                   "TORCHINDUCTOR_CACHE_DIR": str(cache / "inductor"), **LONGER_CONTEXT_ENV, **extra}
+                   "TORCHINDUCTOR_CACHE_DIR": str(cache / "inductor"), **extra}
             self.servers[role] = Server(name=f"{COLD_MODEL}-{role}", model_dir=str(model_dir),
                                         log_path=str(out / f"same-tokens-{role}.log"),
                                         args=common_flags() + flags, env=env)
