@@ -13,9 +13,9 @@ Asserted: every layerwise server's tokens equal `off`'s on every prompt of every
 not a tolerance); `lw-a` gives the same tokens twice (same server) and `lw-b` the same as `lw-a`
 (two servers); `off` repeats itself (else nothing can be identical to it). NVFP4 runs with the
 ordered Marlin reduce (SGLANG_SM120_MARLIN_MOE_ORDERED_REDUCE=1, patch 0302) on every server.
-A cold JIT cache (empty FlashInfer, Triton and Inductor caches) starts one layerwise server with
-the traps in strict mode (SGLANG_SM120_TRAPS=raise) beside one upstream server on its own empty
-caches; after a mixed load (greedy, sampled, cache hits) the trap log must be empty; the ready
+A cold JIT cache (empty FlashInfer, Triton, Inductor and tvm-ffi caches, FlashInfer's prebuilt
+modules out of sight) starts one layerwise server with the traps in strict mode
+(SGLANG_SM120_TRAPS=raise) beside one upstream server on its own empty caches; after a mixed load (greedy, sampled, cache hits) the trap log must be empty; the ready
 times are recorded (target: layerwise within 10% of upstream's).
 
     SGLANG_SM120_GPU_QUICK=1 SGLANG_SM120_RESULTS_DIR=$OUT PYTHONPATH=/tmp/site:python \\
@@ -27,9 +27,11 @@ repeatability; trap hits from a cold cache).
 """
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import random
+import shutil
 import threading
 import time
 import urllib.request
@@ -302,9 +304,30 @@ def test_layerwise_tokens_identical_to_graphs_disabled(model, fleet):
 # ------------------------------------------------------------------------------------------------
 # cold JIT cache, traps strict
 # ------------------------------------------------------------------------------------------------
+def without_prebuilt_modules(dest: Path) -> dict:
+    """Environment for a server that finds no prebuilt JIT module, as on a fresh install.
+
+    FlashInfer loads prebuilt modules from its package's data/aot (this project's GPU host installs
+    them there: deploy/install_jitcache.sh), and no variable turns that off; it finds the folder
+    from its own file's resolved path. So the server imports FlashInfer from a copy of its Python
+    files whose data/ links every entry but aot, ahead on PYTHONPATH; sglang's own JIT kernels
+    (tvm-ffi) get an empty cache."""
+    src = Path(importlib.util.find_spec("flashinfer").origin).parent
+    mirror = dest / "pkgs" / "flashinfer"
+    if not mirror.exists():
+        shutil.copytree(src, mirror, ignore=shutil.ignore_patterns("data", "__pycache__"))
+        (mirror / "data").mkdir()
+        for entry in (src / "data").iterdir():
+            if entry.name != "aot":
+                (mirror / "data" / entry.name).symlink_to(entry)
+    path = os.pathsep.join(p for p in (str(dest / "pkgs"), os.environ.get("PYTHONPATH", "")) if p)
+    return {"PYTHONPATH": path, "TVM_FFI_CACHE_DIR": str(dest / "tvm-ffi")}
+
+
 class ColdPair:
     """One layerwise server under strict traps and one upstream server, each on empty JIT caches
-    of its own (FlashInfer, Triton, Inductor), started at the same time."""
+    of its own (FlashInfer, Triton, Inductor, sglang's tvm-ffi) and without FlashInfer's prebuilt
+    modules, started at the same time."""
 
     def __init__(self, root: Path, out: Path, caches: Path):
         self.out, self.caches = out, caches
@@ -320,7 +343,7 @@ class ColdPair:
                                    ("cold-upstream", [], {})):
             cache = caches / role
             env = {"FLASHINFER_WORKSPACE_BASE": str(cache), "TRITON_CACHE_DIR": str(cache / "triton"),
-                   "TORCHINDUCTOR_CACHE_DIR": str(cache / "inductor"), **extra}
+                   "TORCHINDUCTOR_CACHE_DIR": str(cache / "inductor"), **without_prebuilt_modules(cache), **extra}
             self.servers[role] = Server(name=f"{COLD_MODEL}-{role}", model_dir=str(model_dir),
                                         log_path=str(out / f"same-tokens-{role}.log"),
                                         args=common_flags() + flags, env=env)

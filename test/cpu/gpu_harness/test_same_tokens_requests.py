@@ -19,3 +19,36 @@ def test_every_request_fits_the_positions_the_servers_load():
 
 def test_the_tiny_models_need_it():
     assert spec.TinySpec(arch="glm4_moe").max_position < 4096 + st.PREFILL_TOKENS
+
+
+def test_the_cold_servers_import_flashinfer_without_its_prebuilt_modules(tmp_path, monkeypatch):
+    """A stand-in flashinfer that finds data/aot from its resolved file, as FlashInfer does: from
+    the mirror it finds no prebuilt modules, every other data entry is the installed one, and
+    sglang's JIT cache is an empty folder of the server's own."""
+    import subprocess
+    import sys
+
+    pkg = tmp_path / "site" / "flashinfer"
+    (pkg / "jit").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "jit" / "__init__.py").write_text("")
+    (pkg / "jit" / "env.py").write_text(
+        "import pathlib\nAOT = pathlib.Path(__file__).resolve().parents[1] / 'data' / 'aot'\n")
+    for d in ("aot", "csrc"):
+        (pkg / "data" / d).mkdir(parents=True)
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    monkeypatch.delitem(sys.modules, "flashinfer", raising=False)  # find_spec answers from sys.modules first
+    env = st.without_prebuilt_modules(tmp_path / "cold")
+    mirror = tmp_path / "cold" / "pkgs" / "flashinfer"
+    assert sorted(p.name for p in (mirror / "data").iterdir()) == ["csrc"]
+    assert (mirror / "data" / "csrc").resolve() == (pkg / "data" / "csrc").resolve()
+    assert env["TVM_FFI_CACHE_DIR"] == str(tmp_path / "cold" / "tvm-ffi")
+    out = subprocess.run([sys.executable, "-c", "import flashinfer.jit.env as e; print(e.AOT, e.AOT.exists())"],
+                         env={"PATH": "/usr/bin:/bin", "PYTHONPATH": env["PYTHONPATH"] + ":" + str(tmp_path / "site")},
+                         capture_output=True, text=True, check=True).stdout.split()
+    assert out == [str(mirror / "data" / "aot"), "False"]
+    # the real package resolves to the installed data/aot: the same code finds it there
+    out = subprocess.run([sys.executable, "-c", "import flashinfer.jit.env as e; print(e.AOT.exists())"],
+                         env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(tmp_path / "site")},
+                         capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["True"]
