@@ -83,7 +83,8 @@
 #                against graphs disabled -> RESULTS/same-tokens-probe/ (a probe)                    480
 #   same-tokens  test_same_tokens.py (quick subset unless SAME_TOKENS_FULL=1): layerwise tokens
 #                identical to graphs disabled, repeatability, a cold-JIT start under strict traps
-#                -> RESULTS/same-tokens-h200.json (the record)                                      600
+#                (the cold pair JIT-compiles every module it needs: FlashInfer's prebuilt ones hidden)
+#                -> RESULTS/same-tokens-h200.json (the record)                                     1200
 #   serving-parity  (by name only) issue 43 item 7: benchmarks/bench_serving_parity.py, an upstream and a
 #                layerwise server side by side per model in $SERVING_PARITY_MODELS (default: three tiny
 #                bf16 models and the Qwen3-30B-A3B-shape NVFP4 model), concurrency 64 and 256 (inside
@@ -191,7 +192,7 @@ for s in "${STEPS[@]}"; do
         --model "${SAME_TOKENS_MODEL:-glm4_moe-bf16}" ${SAME_TOKENS_VARIANTS:+--variants "$SAME_TOKENS_VARIANTS"} ;;
     same-tokens)
       quick=1; [ "${SAME_TOKENS_FULL:-0}" = 1 ] && quick=0
-      SGLANG_SM120_GPU_QUICK=$quick SGLANG_SM120_RESULTS_DIR="$RES" step same-tokens 600 "$PY" -m pytest -m gpu -q -rA \
+      SGLANG_SM120_GPU_QUICK=$quick SGLANG_SM120_RESULTS_DIR="$RES" step same-tokens 1200 "$PY" -m pytest -m gpu -q -rA \
         -p no:cacheprovider test/gpu/test_same_tokens.py ${SAME_TOKENS_K:+-k "$SAME_TOKENS_K"} ;;
     repeat-probe)
       probe=()

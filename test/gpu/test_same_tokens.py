@@ -19,7 +19,7 @@ modules out of sight) starts one layerwise server with the traps in strict mode
 times are recorded (target: layerwise within 10% of upstream's).
 
     SGLANG_SM120_GPU_QUICK=1 SGLANG_SM120_RESULTS_DIR=$OUT PYTHONPATH=/tmp/site:python \\
-        python3 -m pytest -q test/gpu/test_same_tokens.py       # glm4_moe bf16 + nvfp4, ~6 min
+        python3 -m pytest -q test/gpu/test_same_tokens.py       # glm4_moe bf16 + nvfp4, ~6 min warm (longer: the cold pair compiles)
 Without SGLANG_SM120_GPU_QUICK: every tiny arch, bf16 and NVFP4, more batch sizes and lengths,
 the servers of WAVE models at a time. With SGLANG_SM120_RESULTS_DIR: writes
 same-tokens-h200.json there (targets: identical fraction per arch, quant and phase;
