@@ -304,7 +304,7 @@ def test_layerwise_tokens_identical_to_graphs_disabled(model, fleet):
 # ------------------------------------------------------------------------------------------------
 # cold JIT cache, traps strict
 # ------------------------------------------------------------------------------------------------
-def without_prebuilt_modules(dest: Path) -> dict:
+def without_prebuilt_modules(dest: Path, package: Optional[Path] = None) -> dict:
     """Environment for a server that finds no prebuilt JIT module, as on a fresh install.
 
     FlashInfer loads prebuilt modules from its package's data/aot (this project's GPU host installs
@@ -312,7 +312,7 @@ def without_prebuilt_modules(dest: Path) -> dict:
     from its own file's resolved path. So the server imports FlashInfer from a copy of its Python
     files whose data/ links every entry but aot, ahead on PYTHONPATH; sglang's own JIT kernels
     (tvm-ffi) get an empty cache."""
-    src = Path(importlib.util.find_spec("flashinfer").origin).parent
+    src = package or Path(importlib.util.find_spec("flashinfer").origin).parent
     mirror = dest / "pkgs" / "flashinfer"
     if not mirror.exists():
         shutil.copytree(src, mirror, ignore=shutil.ignore_patterns("data", "__pycache__"))

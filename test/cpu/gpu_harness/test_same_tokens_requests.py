@@ -21,7 +21,7 @@ def test_the_tiny_models_need_it():
     assert spec.TinySpec(arch="glm4_moe").max_position < 4096 + st.PREFILL_TOKENS
 
 
-def test_the_cold_servers_import_flashinfer_without_its_prebuilt_modules(tmp_path, monkeypatch):
+def test_the_cold_servers_import_flashinfer_without_its_prebuilt_modules(tmp_path):
     """A stand-in flashinfer that finds data/aot from its resolved file, as FlashInfer does: from
     the mirror it finds no prebuilt modules, every other data entry is the installed one, and
     sglang's JIT cache is an empty folder of the server's own."""
@@ -36,9 +36,7 @@ def test_the_cold_servers_import_flashinfer_without_its_prebuilt_modules(tmp_pat
         "import pathlib\nAOT = pathlib.Path(__file__).resolve().parents[1] / 'data' / 'aot'\n")
     for d in ("aot", "csrc"):
         (pkg / "data" / d).mkdir(parents=True)
-    monkeypatch.syspath_prepend(str(tmp_path / "site"))
-    monkeypatch.delitem(sys.modules, "flashinfer", raising=False)  # find_spec answers from sys.modules first
-    env = st.without_prebuilt_modules(tmp_path / "cold")
+    env = st.without_prebuilt_modules(tmp_path / "cold", package=pkg)
     mirror = tmp_path / "cold" / "pkgs" / "flashinfer"
     assert sorted(p.name for p in (mirror / "data").iterdir()) == ["csrc"]
     assert (mirror / "data" / "csrc").resolve() == (pkg / "data" / "csrc").resolve()
