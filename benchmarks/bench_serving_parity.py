@@ -28,9 +28,9 @@ from pathlib import Path
 from typing import Callable, Dict, List, Optional
 
 import _results
-import _serving_client as client
 import _serving_report as report
 import _serving_setup as setup
+import bench_serving_matrix as matrix
 
 CONFIGS: Dict[str, List[str]] = {"upstream": [], "layerwise": ["--enable-piecewise-cuda-graph"]}
 DEFAULT_MODELS = ["qwen3_moe-bf16", "glm4_moe-bf16", "deepseek_v2-bf16", "qwen3-30b-a3b-nvfp4"]
@@ -101,23 +101,14 @@ def render_md(doc: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def measure_once(srv, model_dir: str, served: str, conc: int, out_file: Path, a, warmup: bool = False) -> Optional[float]:
-    """Output tok/s of one bench_serving run (None on failure; the log keeps why)."""
-    prompts = conc if warmup else 2 * conc
-    out_file.unlink(missing_ok=True)
-    cmd = client.command(srv.port, model_dir, served, conc, prompts, out_file, a.input_len,
-                         min(16, a.output_len) if warmup else a.output_len, a.seed)
-    rc, out = client.run_all([cmd], a.cell_timeout)
-    out_file.with_suffix(".log").write_text(str(out))
-    if rc != 0:
-        print(f"[parity] {out_file.stem}: bench_serving exit {rc}: {str(out)[-300:]}", flush=True)
+def measure_once(srv, model_dir: str, served: str, conc: int, work: Path, a, warmup: bool = False) -> Optional[float]:
+    """Output tok/s of one bench_serving_matrix cell on this server (None when it failed or
+    was incomplete; the cell's log in `work` says why)."""
+    cell = matrix.run_cell(srv, model_dir, served, conc, a, work, warmup=warmup)
+    if cell.get("error") or not cell.get("complete"):
+        print(f"[parity] {served}-c{conc}: {cell.get('error') or 'incomplete'}", flush=True)
         return None
-    try:
-        cell = report.parse_record(report.last_record(out_file), prompts)
-    except (OSError, ValueError, KeyError) as e:
-        print(f"[parity] {out_file.stem}: unreadable result: {e}", flush=True)
-        return None
-    return cell["output_throughput"] if cell["complete"] else None
+    return cell["output_throughput"]
 
 
 def run_rounds(concurrencies: List[int], rounds: int,
@@ -159,7 +150,9 @@ def run_model(name: str, a, work: Path) -> dict:
 
         def measure(cfg, conc, r, warmup):
             label = f"{name}-{cfg}-c{conc}-" + ("warmup" if warmup else f"r{r}")
-            v = measure_once(servers[cfg], model_dir, f"{name}-{cfg}", conc, work / f"{label}.jsonl", a, warmup)
+            cell_dir = work / ("warmup" if warmup else f"r{r}")  # each round's bench_serving files kept
+            cell_dir.mkdir(parents=True, exist_ok=True)
+            v = measure_once(servers[cfg], model_dir, f"{name}-{cfg}", conc, cell_dir, a, warmup)
             print(f"[parity] {label}: {v} tok/s", flush=True)
             return v
 
@@ -182,6 +175,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--startup-timeout", type=float, default=900)
     ap.add_argument("--cell-timeout", type=float, default=300)
+    # bench_serving_matrix.run_cell's knobs: 2 x concurrency prompts, one streaming client
+    ap.set_defaults(waves=2, client_procs=1, stream=True)
     ap.add_argument("--results-dir", default=str(_results.RESULTS))
     ap.add_argument("--workdir", default=None)
     a = ap.parse_args(argv)

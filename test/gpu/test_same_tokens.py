@@ -15,8 +15,9 @@ not a tolerance); `lw-a` gives the same tokens twice (same server) and `lw-b` th
 ordered Marlin reduce (SGLANG_SM120_MARLIN_MOE_ORDERED_REDUCE=1, patch 0302) on every server.
 A cold JIT cache (empty FlashInfer, Triton, Inductor and tvm-ffi caches, FlashInfer's prebuilt
 modules out of sight) starts one layerwise server with the traps in strict mode
-(SGLANG_SM120_TRAPS=raise) beside one upstream server on its own empty caches; after a mixed load (greedy, sampled, cache hits) the trap log must be empty; the ready
-times are recorded (target: layerwise within 10% of upstream's).
+(SGLANG_SM120_TRAPS=raise) beside one upstream server on its own empty caches; after a mixed
+load (greedy, sampled, cache hits) the trap log must be empty; the ready times are recorded
+(target: layerwise within 10% of upstream's).
 
     SGLANG_SM120_GPU_QUICK=1 SGLANG_SM120_RESULTS_DIR=$OUT PYTHONPATH=/tmp/site:python \\
         python3 -m pytest -q test/gpu/test_same_tokens.py       # glm4_moe bf16 + nvfp4, ~6 min warm (longer: the cold pair compiles)

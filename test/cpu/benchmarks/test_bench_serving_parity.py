@@ -56,3 +56,18 @@ def test_report_and_arguments(bench):
     assert bench.max_total_tokens([64, 256], 256, 256) == 2 * 256 * 512
     with pytest.raises(SystemExit):
         bench.parse_args(["--rounds", "0"])
+
+
+def test_a_measurement_is_one_bench_serving_matrix_cell(bench, monkeypatch, tmp_path):
+    seen = {}
+
+    def cell(srv, model_dir, served, conc, a, workdir, warmup=False):
+        seen.update(served=served, conc=conc, prompts=max(8, a.waves * conc), procs=a.client_procs,
+                    stream=a.stream, warmup=warmup)
+        return {"output_throughput": 123.0, "complete": True} if conc == 64 else {"error": "exit 1"}
+
+    monkeypatch.setattr(bench.matrix, "run_cell", cell)
+    a = bench.parse_args([])
+    assert bench.measure_once(None, "/m", "m-layerwise", 64, tmp_path, a) == 123.0
+    assert seen == {"served": "m-layerwise", "conc": 64, "prompts": 128, "procs": 1, "stream": True, "warmup": False}
+    assert bench.measure_once(None, "/m", "m-upstream", 256, tmp_path, a, warmup=True) is None and seen["warmup"]
