@@ -81,6 +81,9 @@
 #   same-tokens-probe  lab/same_tokens_probe.py on $SAME_TOKENS_MODEL (default glm4_moe-bf16): one
 #                server per variant side by side, which source changes layerwise's greedy tokens
 #                against graphs disabled -> RESULTS/same-tokens-probe/ (a probe)                    480
+#   dynamo-free-bits  (by name only) test_dynamo_free_bits_gpu.py: moe_sum_reduce's Dynamo-free form
+#                against torch.compile's on the GPU, bitwise; for a mismatch, which summation order gives
+#                the compiled bits -> RESULTS/dynamo-free-bits-gpu.json (a probe)                    300
 #   same-tokens  test_same_tokens.py (quick subset unless SAME_TOKENS_FULL=1): layerwise tokens
 #                identical to graphs disabled, repeatability, a cold-JIT start under strict traps
 #                (the cold pair JIT-compiles every module it needs: FlashInfer's prebuilt ones hidden)
@@ -122,7 +125,7 @@ cd "$(dirname "$0")/.."
 RES=$(mkdir -p "$1" && cd "$1" && pwd); shift
 STEPS=("$@")
 [ ${#STEPS[@]} -gt 0 ] || STEPS=(correctness-full correctness-alone prefill-fa2 runner zero-copy traps kernels fp4 lean-moe prefill-profile correctness graph-memory moe-profile eager-warmup)
-KNOWN="glm5-twin plan-check serving-parity same-tokens-probe same-tokens repeat-probe glm5-launch-line sm120-check fp4-selfcheck gpu-suite lean-moe kernels fp4 moe-fp4 moe-fp4-sweep correctness-moe-sm120 graph-memory runner prefill-profile prefill-fa2 zero-copy moe-profile traps correctness correctness-full correctness-alone eager-warmup client-ceiling serving soak serving-diag serving-soak serving-tw4"
+KNOWN="glm5-twin plan-check serving-parity same-tokens-probe same-tokens dynamo-free-bits repeat-probe glm5-launch-line sm120-check fp4-selfcheck gpu-suite lean-moe kernels fp4 moe-fp4 moe-fp4-sweep correctness-moe-sm120 graph-memory runner prefill-profile prefill-fa2 zero-copy moe-profile traps correctness correctness-full correctness-alone eager-warmup client-ceiling serving soak serving-diag serving-soak serving-tw4"
 for s in "${STEPS[@]}"; do  # all checked before the first one starts
   case " $KNOWN " in *" $s "*) ;; *) echo "gpu_queue.sh: unknown step $s ($KNOWN)"; exit 2 ;; esac
 done
@@ -164,6 +167,9 @@ grids_side_by_side() {  # PREFIX FOLDER CAP RUN...: one pytest process of the co
 }
 for s in "${STEPS[@]}"; do
   case "$s" in
+    dynamo-free-bits)
+      SGLANG_SM120_RESULTS_DIR="$RES" step dynamo-free-bits 300 "$PY" -m pytest -m gpu -q -rA -p no:cacheprovider \
+        test/gpu/test_dynamo_free_bits_gpu.py ;;
     lean-moe)
       SGLANG_SM120_RESULTS_DIR="$RES" step lean-moe 300 "$PY" -m pytest -m gpu -q -p no:cacheprovider \
         test/gpu/test_lean_moe.py -s ;;

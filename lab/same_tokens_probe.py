@@ -59,7 +59,26 @@ VARIANTS: Dict[str, tuple] = {
                          _LAYERWISE, {"SGLANG_SM120_LAB_VARIANT": "plain-eager-helpers"}),
     "lw-compiled-helpers": ("seed, upstream's torch.compile'd helpers (Dynamo on, traps off)",
                             _LAYERWISE, {"SGLANG_SM120_LAB_VARIANT": "compiled-helpers"}),
+    # padding: FlashInfer's decode plan sizes its KV chunks from every row's page count, a padded
+    # row's included, so a padded size may split a long request's KV where eager does not
+    "upstream-1024": ("upstream's full decode graphs up to 1024 (padded sizes above 256 too)",
+                      ["--cuda-graph-max-bs-decode", "1024"], {}),
+    "upstream-exact": ("upstream's full decode graphs at exactly the probe's batch sizes (no padding)",
+                       ["--cuda-graph-bs-decode", *map(str, BATCH_SIZES)], {}),
+    "lw-exact": ("seed, decode sizes exactly the probe's batch sizes (no padding; layerwise above 256)",
+                 _LAYERWISE + ["--cuda-graph-bs-decode", *map(str, BATCH_SIZES)], {}),
+    "lw-exact-compiled": ("lw-exact with upstream's torch.compile'd helpers (Dynamo on, traps off)",
+                          _LAYERWISE + ["--cuda-graph-bs-decode", *map(str, BATCH_SIZES)],
+                          {"SGLANG_SM120_LAB_VARIANT": "compiled-helpers"}),
 }
+# candidates for the compiled moe_sum_reduce's summation order (lab/variants/sum_orders.py), run
+# only when named: test/gpu/test_dynamo_free_bits_gpu.py says which one gives the compiled bits
+NAMED_ONLY = {f"lw-exact-sum-{o}{r}": (f"lw-exact with moe_sum_reduce's twin summing {o}-wise"
+                                       f"{', the sum rounded before the scale' if r else ''}",
+                                       _LAYERWISE + ["--cuda-graph-bs-decode", *map(str, BATCH_SIZES)],
+                                       {"SGLANG_SM120_LAB_VARIANT": f"sum-{o}{r}"})
+              for o in ("sequential", "tree", "butterfly") for r in ("", "-rounded")}
+VARIANTS.update(NAMED_ONLY)
 
 
 def common_flags(max_total_tokens: int) -> List[str]:
@@ -186,7 +205,8 @@ def render_markdown(variants: List[dict], results: Dict[str, Optional[dict]]) ->
 
 
 def select_variants(text: Optional[str]) -> List[str]:
-    names = list(VARIANTS) if not text else [n.strip() for n in text.split(",") if n.strip()]
+    names = [n for n in VARIANTS if n not in NAMED_ONLY] if not text else [
+        n.strip() for n in text.split(",") if n.strip()]
     unknown = [n for n in names if n not in VARIANTS]
     if unknown:
         raise SystemExit(f"--variants: unknown {unknown}; known: {', '.join(VARIANTS)}")
@@ -221,6 +241,8 @@ def model_flags_env(model: str):
 def run_variant(v: dict, srv, batches: List[dict], harness, deadline: float, say) -> None:
     try:
         v["ready_s"] = round(srv.wait_ready(max(30.0, deadline - time.time() - 90), progress=say), 1)
+        # an empty radix cache first: the server's warm-up prompt would give 1-token prefix hits
+        harness.flush_cache(srv.url)
         outs = []
         t0 = time.time()
         for b in batches:

@@ -15,6 +15,10 @@ NAME (one or more, comma-separated):
   compiled-helpers         Dynamo-free mode off in this process: upstream's torch.compile'd
                            helpers compile and run as under upstream's configuration (leave the
                            traps off: every call enters Dynamo)
+  sum-ORDER[-rounded]      Dynamo-free moe_sum_reduce sums the top-k outputs in fp32 in ORDER
+                           (sequential, tree, butterfly; sum_orders.py), one rounding after the
+                           scale, or with -rounded the sum rounded first: candidates for the GPU's
+                           compiled kernel (test/gpu/test_dynamo_free_bits_gpu.py names the match)
 Each patch is applied right after its module's first import and says so on stderr.
 """
 import importlib.abc
@@ -51,6 +55,14 @@ def _compiled_helpers(module):
     module.dynamo_free = lambda: False
 
 
+def _sum_order(order, rounded):
+    def patch(module):
+        from sum_orders import twin
+
+        module.TWINS["moe_sum_reduce_torch_compile"] = lambda f: twin(order, rounded)
+    return patch
+
+
 PATCHES = {
     "plain-eager-helpers": ("sglang.sm120.runner.dynamo_free", _plain_eager_helpers),
     "compiled-helpers": ("sglang.sm120.runner.dynamo_free", _compiled_helpers),
@@ -58,6 +70,9 @@ PATCHES = {
     "no-overlap-schedule": ("sglang.srt.server_args", _no_overlap_schedule),
     "no-pinned-plan-wait": ("sglang.sm120.pinned_plan", _no_pinned_plan_wait),
 }
+for _order in ("sequential", "tree", "butterfly"):
+    PATCHES[f"sum-{_order}"] = ("sglang.sm120.runner.dynamo_free", _sum_order(_order, False))
+    PATCHES[f"sum-{_order}-rounded"] = ("sglang.sm120.runner.dynamo_free", _sum_order(_order, True))
 
 
 class _PatchAfterImport(importlib.abc.MetaPathFinder):

@@ -57,6 +57,13 @@ def main() -> None:
             self.rfile.read(int(self.headers.get("Content-Length", 0)))
             if self.path == "/generate":
                 self._send(200, {"text": " Paris."})
+            elif self.path == "/flush_cache":  # sglang answers in plain text
+                data = b"Cache flushed.\n"
+                self.send_response(200)
+                self.send_header("Content-Type", "text/plain")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
             else:
                 self._send(404, {"error": f"no route {self.path}"})
 

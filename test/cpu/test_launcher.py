@@ -94,6 +94,19 @@ def test_an_http_error_carries_status_and_body(tmp_path):
         srv.stop(timeout=10)
 
 
+def test_flush_cache_takes_the_plain_text_answer_and_raises_on_an_error_status(tmp_path):
+    srv = _fake(tmp_path)
+    srv.start()
+    try:
+        srv.wait_ready(30)
+        launcher.flush_cache(srv.url)
+        with pytest.raises(launcher.HTTPStatusError) as e:
+            launcher.flush_cache(srv.url + "/nowhere")
+        assert e.value.status == 404
+    finally:
+        srv.stop(timeout=10)
+
+
 def test_without_a_log_file_the_server_writes_to_the_callers_terminal(tmp_path, capfd):
     srv = launcher_server(name="fake", model_dir=str(tmp_path), log_path=None, args=["--exit-at-start", "4"])
     srv.start()

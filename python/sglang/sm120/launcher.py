@@ -80,6 +80,16 @@ def request_json(url: str, payload: Optional[dict] = None, timeout: float = 120.
         raise HTTPStatusError(url, e.code, e.read().decode("utf-8", "replace")) from None
 
 
+def flush_cache(url: str, timeout: float = 120.0) -> None:
+    """Empty the server's radix cache (POST /flush_cache, which answers in plain text)."""
+    req = urllib.request.Request(url + "/flush_cache", method="POST")
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            r.read()
+    except urllib.error.HTTPError as e:
+        raise HTTPStatusError(url + "/flush_cache", e.code, e.read().decode("utf-8", "replace")) from None
+
+
 def _http_status(url: str, timeout: float = 5.0) -> Optional[int]:
     try:
         with urllib.request.urlopen(url, timeout=timeout) as r:

@@ -46,7 +46,13 @@ def test_compare_splits_by_first_difference_band_and_batch():
 
 
 def test_variant_selection():
-    assert probe.select_variants(None) == list(probe.VARIANTS)
+    default = probe.select_variants(None)
+    assert default == [n for n in probe.VARIANTS if n not in probe.NAMED_ONLY]
+    assert {"upstream-1024", "upstream-exact", "lw-exact", "lw-exact-compiled"} <= set(default)
+    assert probe.select_variants("off-a,lw-exact-sum-tree") == ["off-a", "lw-exact-sum-tree"]
+    # each named-only variant names a lab variant sitecustomize knows
+    site = load("lab/variants/sitecustomize.py")
+    assert all(env["SGLANG_SM120_LAB_VARIANT"] in site.PATCHES for _, _, env in probe.NAMED_ONLY.values())
     assert probe.select_variants("off-a, seed") == ["off-a", "seed"]
     with pytest.raises(SystemExit, match="unknown"):
         probe.select_variants("off-a,bogus")
@@ -93,7 +99,9 @@ def _fake_request_json(url, payload, timeout):
 
 
 def test_main_on_fake_servers(tmp_path, monkeypatch):
-    fake = types.SimpleNamespace(Server=_FakeServer, request_json=_fake_request_json)
+    flushed = []
+    fake = types.SimpleNamespace(Server=_FakeServer, request_json=_fake_request_json,
+                                 flush_cache=flushed.append)
     monkeypatch.setattr(probe, "launcher", lambda: fake)
     monkeypatch.setattr(probe.time, "sleep", lambda s: None)
     models = tmp_path / "models" / "glm4_moe-bf16"
@@ -117,6 +125,8 @@ def test_main_on_fake_servers(tmp_path, monkeypatch):
     assert "--disable-cuda-graph" in variants["off-b"]["command"]
     # every server sees the lab variants first on its path (only a variant's env name applies one)
     assert all(e["PYTHONPATH"].split(":")[0].endswith("lab/variants") for e in _FakeServer.envs.values())
+    # every server that came up starts its workload from an empty radix cache
+    assert sorted(u.split("//")[1] for u in flushed) == ["off-a", "off-b", "seed"]
     md = (out / "same-tokens-probe.md").read_text()
     assert f"| seed | {n - 1}/{n} " in md and "| upstream | RuntimeError" in md
 
@@ -127,8 +137,14 @@ def test_gpu_identity_test_workload_and_comparison():
     w = gpu.workload(1000)
     assert w == gpu.workload(1000)
     groups = {b["group"] for b in w}
-    assert groups == {"decode", "prefill", "prefix"}
+    assert groups == {"decode", "decode-long", "prefill", "prefix"}
     assert [len(b["prompts"]) for b in w if b["group"] == "decode"] == gpu.DECODE_SIZES
+    long = [b for b in w if b["group"] == "decode-long"]
+    assert [len(b["prompts"]) for b in long] == gpu.LONG_DECODE_SIZES
+    lo, hi = gpu.LONG_DECODE_LENS
+    assert all(lo <= len(p) <= hi for b in long for p in b["prompts"])
+    # a long-decode batch's KV fits every server's pool at once (no queueing, no retraction)
+    assert max(sum(len(p) + b["new_tokens"] for p in b["prompts"]) for b in long) <= gpu.MAX_TOTAL_TOKENS
     assert max(len(p) for b in w for p in b["prompts"]) <= 4096
     assert w[-1]["prompts"] == next(b for b in w if b["name"] == "prefill-mixed")["prompts"]  # cache hits
     shared = next(b for b in w if b["name"] == "prefix-shared")["prompts"]

@@ -4,6 +4,9 @@ The runners' warm pass covers every captured forward. These run outside it on th
 requests and would JIT-compile (a compiler subprocess) after capture:
   - sampling: with sglang's default sampling backend (FlashInfer) the first non-greedy request
     builds the sampling kernels; each entry point sglang uses runs once here;
+  - the extend batch's positions (Triton `compute_position_kernel`, from ForwardBatch.init_new:
+    the runners' dummy batches are built without it, so the server's own warm-up request
+    compiled it after capture on a cold cache; one kernel per `has_prefix`);
   - the scheduler's KV-index write for extend batches (Triton `write_req_to_token_pool_triton`):
     Triton specialises on 16-byte pointer alignment, and `out_cache_loc` is
     a slice of the allocator's free list at any offset, so both alignments are built;
@@ -156,6 +159,26 @@ def warm_kv_index_writes(model_runner) -> None:
         torch.cuda.synchronize()
     except Exception as e:  # noqa: BLE001
         logger.warning("layerwise: could not pre-build the KV-index write kernel: %s", e)
+
+
+def warm_extend_positions(model_runner) -> None:
+    server_args = getattr(model_runner, "server_args", None)
+    try:
+        from sglang.sm120 import upstream_api
+
+        support_triton = upstream_api.require("support_triton")
+        if server_args is None or not support_triton(server_args.attention_backend):
+            return
+        compute_position_triton = upstream_api.require("compute_position_triton")
+        device = torch.device(model_runner.device)
+        seq_lens = torch.ones(2, dtype=torch.int32, device=device)
+        for prefix_lens in (torch.zeros(2, dtype=torch.int32, device=device),  # has_prefix
+                            torch.zeros(0, dtype=torch.int32, device=device)):  # and not
+            compute_position_triton(prefix_lens, seq_lens, 2)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+    except Exception as e:  # noqa: BLE001
+        logger.warning("layerwise: could not pre-build the extend positions kernel: %s", e)
 
 
 def _uses_flashinfer(server_args) -> bool:

@@ -1,0 +1,118 @@
+"""The Dynamo-free form of moe_sum_reduce gives the GPU's compiled bits (issue 43; GPU).
+
+Every MoE family serving a batch of <= 32 tokens reduces the top-k expert outputs through
+upstream's torch.compile'd `moe_sum_reduce_torch_compile`; in Dynamo-free mode its eager twin
+runs instead (runner/dynamo_free.py). The CPU tests hold the twin to Inductor's CPU kernel only
+below top-k 8. On the H100 (session 2026-12-05) the same-tokens probe traced layerwise's
+remaining first differences at batches of 17, 33, 200 and 1000 (a short last prefill chunk, a
+small decode batch) to the helpers: with upstream's compiled helpers those batches matched graphs
+disabled, with the twin they did not. So this compares, on the GPU, the Dynamo-free form with
+torch.compile's at the top-k values, token counts, widths and scales of the shipped models, bit
+for bit; values span several binades so the fp32 sum's order shows.
+
+With SGLANG_SM120_RESULTS_DIR it writes dynamo-free-bits-gpu.json there: per case equal or not,
+and for each unequal one which eager summation order gives the compiled bits (lab/variants/
+sum_orders.py: sequential, pairwise tree, lane butterfly; the sum rounded before the scale or not):
+what the twin must do, and which lab variant (`sum-ORDER[-rounded]`) the same-tokens probe tries.
+
+    SGLANG_SM120_RESULTS_DIR=$OUT PYTHONPATH=/tmp/site python3 -m pytest -q test/gpu/test_dynamo_free_bits_gpu.py
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytestmark = [pytest.mark.gpu]
+
+ENV = "SGLANG_SM120_DYNAMO_FREE"
+TOPK = (8, 6, 4, 2)
+TOKENS = (1, 7, 17, 32)
+WIDTHS = (256, 2048, 7168)  # tiny models, Qwen3-30B-A3B, GLM-5 / DeepSeek
+SCALES = (2.5, 1.0)
+RESULTS: dict = {}
+
+
+def _inputs(tokens: int, topk: int, width: int, seed: int):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    mant = torch.randn(tokens, topk, width, generator=g, device="cuda")
+    # expert outputs times routing weights: magnitudes over ~6 binades, so fp32 sums round
+    expo = torch.randint(-3, 4, (tokens, topk, 1), generator=g, device="cuda").float()
+    return (mant * torch.exp2(expo)).to(torch.bfloat16)
+
+
+def _run(helper, x, scale, dynamo_free: bool):
+    old = os.environ.get(ENV)
+    os.environ[ENV] = "1" if dynamo_free else "0"
+    try:
+        out = torch.empty(x.shape[0], x.shape[2], dtype=x.dtype, device=x.device)
+        helper(x, out, scale)
+        torch.cuda.synchronize()
+        return out
+    finally:
+        if old is None:
+            os.environ.pop(ENV, None)
+        else:
+            os.environ[ENV] = old
+
+
+def _sum_orders():
+    """lab/variants/sum_orders.py, loaded by path (the lab variants use the same candidates)."""
+    path = Path(__file__).resolve().parents[2] / "lab" / "variants" / "sum_orders.py"
+    spec = importlib.util.spec_from_file_location("sum_orders", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _bits_equal(a, b) -> bool:
+    return torch.equal(a.view(torch.int16), b.view(torch.int16))
+
+
+def _matching_orders(x, scale, compiled):
+    orders = _sum_orders()
+    return [f"{order}{', sum rounded before the scale' if rounded else ', one rounding'}"
+            for order in orders.fp32_sums(x[:1]) for rounded in (False, True)
+            if _bits_equal(orders.reduce(x, scale, order, rounded), compiled)]
+
+
+def _write():
+    out = os.environ.get("SGLANG_SM120_RESULTS_DIR")
+    if out:
+        Path(out).mkdir(parents=True, exist_ok=True)
+        (Path(out) / "dynamo-free-bits-gpu.json").write_text(json.dumps(RESULTS, indent=1) + "\n")
+
+
+@pytest.fixture(scope="module")
+def helper():
+    if not torch.cuda.is_available():
+        pytest.fail("needs a CUDA GPU")
+    from sglang.sm120 import upstream_api
+
+    return upstream_api.require("moe_sum_reduce_torch_compile")
+
+
+@pytest.mark.parametrize("topk", TOPK)
+def test_moe_sum_reduce_twin_gives_the_compiled_bits(helper, topk):
+    failures = []
+    for tokens in TOKENS:
+        for width in WIDTHS:
+            for scale in SCALES:
+                x = _inputs(tokens, topk, width, seed=tokens * 7919 + width + topk)
+                compiled = _run(helper, x, scale, dynamo_free=False)
+                eager = _run(helper, x, scale, dynamo_free=True)
+                key = f"topk{topk} tokens{tokens} width{width} scale{scale}"
+                equal = _bits_equal(eager, compiled)
+                RESULTS[key] = {"equal": equal}
+                if not equal:
+                    RESULTS[key]["differing_values"] = int((eager != compiled).sum())
+                    RESULTS[key]["orders_giving_the_compiled_bits"] = _matching_orders(x, scale, compiled)
+                    failures.append(key)
+    _write()
+    assert not failures, "Dynamo-free moe_sum_reduce differs from the compiled one at: " + "; ".join(
+        f"{k} ({RESULTS[k]['differing_values']} values; compiled bits from: "
+        f"{RESULTS[k]['orders_giving_the_compiled_bits'] or 'none of the candidate orders'})" for k in failures)
