@@ -10,8 +10,9 @@ the Qwen3-30B-A3B-shape model with dummy weights (bench_runner's config). Server
 
     python benchmarks/plan_check.py --out RESULTS [--models qwen3_moe-bf16 glm4_moe-bf16 qwen3-30b-a3b]
 
-Writes RESULTS/plan-check.json (targets: sizes agree, memory within 25%, per model) and each
-model's plan, server log and verdict beside it.
+Writes RESULTS/plan-check.json (targets: sizes agree, memory within 25%, per model; each model's
+layers and hidden size, for refitting the estimate) and each model's plan, server log and verdict
+beside it.
 """
 from __future__ import annotations
 
@@ -43,6 +44,12 @@ def model_path(name: str, models_dir: Path, work: Path) -> Path:
     return serving.tiny_model(models_dir, *name.rsplit("-", 1))
 
 
+def model_dims(path: Path) -> dict:
+    """What the graph-memory fit scales by (sglang.sm120.plan.graph_memory): layers and width."""
+    cfg = json.loads((Path(path) / "config.json").read_text())
+    return {k: cfg[k] for k in ("num_hidden_layers", "hidden_size")}
+
+
 def check_one(name: str, models_dir: Path, out: Path, timeout: float) -> dict:
     from sglang.sm120.launcher import Server
     from sglang.sm120.plan import compare
@@ -58,7 +65,7 @@ def check_one(name: str, models_dir: Path, out: Path, timeout: float) -> dict:
     log = out / f"server-{name}.log"
     srv = Server(name=name, model_dir=str(path), log_path=str(log), args=flags,
                  env={"SGLANG_SM120_LAYERWISE_TIMING": "1"})
-    row = {"model": name, "flags": flags}
+    row = {"model": name, "flags": flags, "model_dims": model_dims(path)}
     try:
         srv.start()
         row["ready_s"] = round(srv.wait_ready(timeout, progress=lambda m: print(m, flush=True)), 1)

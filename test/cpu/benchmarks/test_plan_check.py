@@ -37,3 +37,8 @@ def test_the_qwen3_shape_model_is_written_with_its_config(check, tmp_path):
     path = check.model_path("qwen3-30b-a3b", tmp_path, tmp_path)
     cfg = json.loads((path / "config.json").read_text())
     assert cfg["num_hidden_layers"] == 48 and cfg["num_experts"] == 128
+
+
+def test_each_row_records_what_the_memory_fit_scales_by(check, tmp_path):
+    path = check.model_path("qwen3-30b-a3b", tmp_path, tmp_path)
+    assert check.model_dims(path) == {"num_hidden_layers": 48, "hidden_size": 2048}
