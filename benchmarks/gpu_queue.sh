@@ -83,7 +83,7 @@
 #                against graphs disabled -> RESULTS/same-tokens-probe/ (a probe)                    480
 #   dynamo-free-bits  (by name only) test_dynamo_free_bits_gpu.py: moe_sum_reduce's Dynamo-free form
 #                against torch.compile's on the GPU, bitwise; for a mismatch, which summation order gives
-#                the compiled bits -> RESULTS/dynamo-free-bits-gpu.json (a probe)                    300
+#                the compiled bits -> RESULTS/dynamo-free-bits-gpu.json (a probe)                    480
 #   same-tokens  test_same_tokens.py (quick subset unless SAME_TOKENS_FULL=1): layerwise tokens
 #                identical to graphs disabled, repeatability, a cold-JIT start under strict traps
 #                (the cold pair JIT-compiles every module it needs: FlashInfer's prebuilt ones hidden)
@@ -168,7 +168,7 @@ grids_side_by_side() {  # PREFIX FOLDER CAP RUN...: one pytest process of the co
 for s in "${STEPS[@]}"; do
   case "$s" in
     dynamo-free-bits)
-      SGLANG_SM120_RESULTS_DIR="$RES" step dynamo-free-bits 300 "$PY" -m pytest -m gpu -q -rA -p no:cacheprovider \
+      SGLANG_SM120_RESULTS_DIR="$RES" step dynamo-free-bits 480 "$PY" -m pytest -m gpu -q -rA -p no:cacheprovider \
         test/gpu/test_dynamo_free_bits_gpu.py ;;
     lean-moe)
       SGLANG_SM120_RESULTS_DIR="$RES" step lean-moe 300 "$PY" -m pytest -m gpu -q -p no:cacheprovider \
