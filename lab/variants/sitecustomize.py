@@ -18,8 +18,8 @@ NAME (one or more, comma-separated):
   zero-pad-decode          layerwise decode replays give padded rows 0 KV pages instead of 1
                            (FlashInfer's decode plan then splits the real rows' KV as graphs
                            disabled does) when decode_plan.py says the work list fits the captured
-                           plan's budget (learned from that size's previous split-mode plan; else,
-                           and on the first replay of a size, upstream's fill)
+                           plan's budget (read from that size's last split-mode plan, its capture's
+                           at first; else upstream's fill)
   sum-ORDER[-rounded]      Dynamo-free moe_sum_reduce sums the top-k outputs in fp32 in ORDER
                            (sequential, tree, butterfly; sum_orders.py), one rounding after the
                            scale, or with -rounded the sum rounded first: candidates for the GPU's
@@ -86,6 +86,10 @@ def _zero_pad_decode(module):
         raw_bs = forward_batch.batch_size
         budget = self.__dict__.setdefault("_zp_budget", {})
         padded = next((b for b in self.capture_bs if b >= raw_bs), None)
+        if padded and padded not in budget:  # from the size's last plan (its capture's, at first)
+            b = budget_of(self, padded)
+            if b:
+                budget[padded] = b
         if getattr(self, "_lw_finished", False) and padded and padded > raw_bs and padded in budget:
             page = int(getattr(self.model_runner.server_args, "page_size", 1) or 1)
             pages = [-(-int(n) // page) for n in forward_batch.seq_lens_cpu.tolist()]
@@ -98,10 +102,6 @@ def _zero_pad_decode(module):
             return original(self, forward_batch, *args, **kwargs)
         finally:
             self.seq_len_fill_value = upstream_fill
-            if padded and padded not in budget:
-                b = budget_of(self, padded)
-                if b:
-                    budget[padded] = b
 
     cls.load_batch = load_batch
 

@@ -116,10 +116,12 @@ def test_zero_pad_decode_learns_the_budget_then_pads_with_zero_pages_where_it_fi
     patch(module)
     runner = LayerwiseDecodeRunner()
     batch = lambda lens: SimpleNamespace(batch_size=len(lens), seq_lens_cpu=torch.tensor(lens))  # noqa: E731
-    runner.load_batch(batch([1024] * 4 + [3] * 6))   # 10 -> 16: budget unknown yet: upstream's fill
-    runner.load_batch(batch([1024] * 4 + [3] * 6))   # 32 + 6 chunks, 6 padded rows: 44 > 40
+    runner.load_batch(batch([1024] * 4 + [3] * 6))   # 10 -> 16: 32 + 6 chunks + 6 padded rows: 44 > 40
     runner.load_batch(batch([1024] * 4 + [3]))       # 32 + 1 chunks, 11 padded rows: 44 > 40
     runner.load_batch(batch([1024] * 3 + [3] * 9))   # 24 + 9 chunks, 4 padded rows: 37 fits
     runner.load_batch(batch([5] * 8))                # a captured size: no padding, upstream's fill
-    assert seen == [(1, 1, 1), (1, 1, 1), (1, 1, 1), (0, 0, 0), (1, 1, 1)]
+    runner.attn_backend.decode_cuda_graph_metadata[16][0]._plan_info = [16] + [0] * 9  # not split
+    runner._zp_budget.clear()
+    runner.load_batch(batch([1024] * 3 + [3] * 9))   # no split-mode plan to read: upstream's fill
+    assert seen == [(1, 1, 1), (1, 1, 1), (0, 0, 0), (1, 1, 1), (1, 1, 1)]
     assert runner.seq_len_fill_value == 1
