@@ -81,7 +81,8 @@ NAMED_ONLY = {f"lw-exact-sum-{o}{r}": (f"lw-exact with moe_sum_reduce's twin sum
                                        f"{', the sum rounded before the scale' if r else ''}",
                                        _LAYERWISE + ["--cuda-graph-bs-decode", *map(str, BATCH_SIZES)],
                                        {"SGLANG_SM120_LAB_VARIANT": f"sum-{o}{r}"})
-              for o in ("sequential", "tree", "butterfly") for r in ("", "-rounded")}
+              for o in ("sequential", "tree", "butterfly", "pairs-butterfly", "quads-butterfly")
+              for r in ("", "-rounded")}
 VARIANTS.update(NAMED_ONLY)
 
 

@@ -21,7 +21,8 @@ NAME (one or more, comma-separated):
                            plan's budget (read from that size's last split-mode plan, its capture's
                            at first; else upstream's fill)
   sum-ORDER[-rounded]      Dynamo-free moe_sum_reduce sums the top-k outputs in fp32 in ORDER
-                           (sequential, tree, butterfly; sum_orders.py), one rounding after the
+                           (sum_orders.py: sequential, tree, butterfly,
+                           pairs-butterfly, quads-butterfly), one rounding after the
                            scale, or with -rounded the sum rounded first: candidates for the GPU's
                            compiled kernel (test/gpu/test_dynamo_free_bits_gpu.py names the match)
 Each patch is applied right after its module's first import and says so on stderr.
@@ -122,7 +123,7 @@ PATCHES = {
     "no-pinned-plan-wait": ("sglang.sm120.pinned_plan", _no_pinned_plan_wait),
     "zero-pad-decode": ("sglang.sm120.runner.runners", _zero_pad_decode),
 }
-for _order in ("sequential", "tree", "butterfly"):
+for _order in ("sequential", "tree", "butterfly", "pairs-butterfly", "quads-butterfly"):  # sum_orders.ORDERS
     PATCHES[f"sum-{_order}"] = ("sglang.sm120.runner.dynamo_free", _sum_order(_order, False))
     PATCHES[f"sum-{_order}-rounded"] = ("sglang.sm120.runner.dynamo_free", _sum_order(_order, True))
 

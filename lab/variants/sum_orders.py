@@ -1,6 +1,6 @@
 """Eager fp32 summations over dim 1 in the orders a Triton reduction may take, for matching the
 GPU's compiled `moe_sum_reduce_torch_compile` (sum of the top-k expert outputs, times the routed
-scaling factor, into a bf16 / fp16 `out`). Used by the lab variants `sum-<order>[-rounded]`
+scaling factor, into a bf16 / fp16 `out`). Used by the lab variants `sum-ORDER[-rounded]`
 (sitecustomize.py) and by test/gpu/test_dynamo_free_bits_gpu.py, which reports which order gives
 the compiled bits.
 """
@@ -33,11 +33,22 @@ def _butterfly(parts):  # lanes at distance n/2 first (shuffle-xor from the wide
     return parts[0]
 
 
+def _runs_then_butterfly(parts, run):
+    """Each thread adds its `run` consecutive elements in order, then the lanes combine as a
+    butterfly (a reduction over a layout with `run` elements per thread)."""
+    return _butterfly([_sequential(parts[i:i + run]) for i in range(0, len(parts), run)])
+
+
+# the orders a lab variant may name (sitecustomize.py: sum-ORDER[-rounded])
+ORDERS = ("sequential", "tree", "butterfly", "pairs-butterfly", "quads-butterfly")
+
+
 def fp32_sums(x):
-    """{order: fp32 sum of x over dim 1}."""
+    """{order: fp32 sum of x over dim 1}: ATen's torch.sum, then ORDERS."""
     parts = [x[:, k].float() for k in range(x.shape[1])]
     return {"torch.sum": x.float().sum(dim=1), "sequential": _sequential(parts), "tree": _tree(parts),
-            "butterfly": _butterfly(parts)}
+            "butterfly": _butterfly(parts), "pairs-butterfly": _runs_then_butterfly(parts, 2),
+            "quads-butterfly": _runs_then_butterfly(parts, 4)}
 
 
 def reduce(x, scale: float, order: str, rounded_before_scale: bool):

@@ -31,6 +31,13 @@ def test_the_orders_are_distinct_where_fp32_rounds():
     sums = {k: float(v) for k, v in so.fp32_sums(x).items()}
     assert sums["sequential"] == 1.0
     assert sums["tree"] > 1.0 and sums["butterfly"] > 1.0
+    assert set(sums) == {"torch.sum", *so.ORDERS}
+    # the hybrids: 2 or 4 consecutive elements per thread first, then the butterfly
+    y = torch.tensor([[2.0 ** 24, 1.0, -(2.0 ** 24), 1.0, 1.0, 0.0, 0.0, 0.0]]).reshape(1, 8, 1).to(torch.bfloat16)
+    hybrid = {k: float(v) for k, v in so.fp32_sums(y).items()}
+    # pairs-butterfly lets 2^24 absorb two of the three 1s before -2^24 cancels it, the others one
+    assert hybrid["pairs-butterfly"] == 1.0
+    assert all(v == 2.0 for k, v in hybrid.items() if k != "pairs-butterfly")
     assert so.fp32_sums(x[:, :6])["butterfly"].shape == (1, 1)  # a top-k below a power of two pads
 
 
@@ -46,7 +53,8 @@ def test_exact_sums_agree_in_every_order_and_rounding():
 def test_a_sum_variant_replaces_the_twin(monkeypatch):
     monkeypatch.delenv("SGLANG_SM120_LAB_VARIANT", raising=False)
     site = load("sitecustomize")
-    assert {f"sum-{o}{r}" for o in ("sequential", "tree", "butterfly") for r in ("", "-rounded")} <= set(site.PATCHES)
+    orders = load("sum_orders").ORDERS
+    assert {f"sum-{o}{r}" for o in orders for r in ("", "-rounded")} <= set(site.PATCHES)
     module_name, patch = site.PATCHES["sum-tree-rounded"]
     assert module_name == "sglang.sm120.runner.dynamo_free"
     fake = SimpleNamespace(TWINS={})
