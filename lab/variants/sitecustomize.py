@@ -18,8 +18,8 @@ NAME (one or more, comma-separated):
   zero-pad-decode          layerwise decode replays give padded rows 0 KV pages instead of 1
                            (FlashInfer's decode plan then splits the real rows' KV as graphs
                            disabled does) when decode_plan.py says the work list fits the captured
-                           plan's budget (read from that size's last split-mode plan, its capture's
-                           at first; else upstream's fill)
+                           plan's budget (read once per size, from its capture's split-mode plan;
+                           else upstream's fill)
   sum-ORDER[-rounded]      Dynamo-free moe_sum_reduce sums the top-k outputs in fp32 in ORDER
                            (sum_orders.py: sequential, tree, butterfly,
                            pairs-butterfly, quads-butterfly), one rounding after the
@@ -64,6 +64,8 @@ def _compiled_helpers(module):
 def _zero_pad_decode(module):
     import decode_plan
 
+    from sglang.sm120.runner.sizes import pad_to_bucket
+
     cls = module.LayerwiseDecodeRunner
     original = cls.load_batch
 
@@ -86,12 +88,11 @@ def _zero_pad_decode(module):
         fill = upstream_fill
         raw_bs = forward_batch.batch_size
         budget = self.__dict__.setdefault("_zp_budget", {})
-        padded = next((b for b in self.capture_bs if b >= raw_bs), None)
-        if padded and padded not in budget:  # from the size's last plan (its capture's, at first)
-            b = budget_of(self, padded)
-            if b:
-                budget[padded] = b
-        if getattr(self, "_lw_finished", False) and padded and padded > raw_bs and padded in budget:
+        padded = pad_to_bucket(raw_bs, self.capture_bs)
+        if padded and padded not in budget:
+            # a size's kernel is split-mode or not for good: read once, from its capture's plan
+            budget[padded] = budget_of(self, padded)
+        if getattr(self, "_lw_finished", False) and padded and padded > raw_bs and budget[padded]:
             page = int(getattr(self.model_runner.server_args, "page_size", 1) or 1)
             pages = [-(-int(n) // page) for n in forward_batch.seq_lens_cpu.tolist()]
             if decode_plan.zero_padding_fits(pages, padded - raw_bs, budget[padded], page):

@@ -19,6 +19,7 @@ what the twin must do, and which lab variant (`sum-ORDER[-rounded]`) the same-to
 """
 from __future__ import annotations
 
+import functools
 import importlib.util
 import json
 import os
@@ -27,9 +28,10 @@ from pathlib import Path
 import pytest
 
 torch = pytest.importorskip("torch")
+import dynamo_free_cases as dfc  # noqa: E402 (test/cpu: the CPU bit tests' mode switch and comparison)
+
 pytestmark = [pytest.mark.gpu]
 
-ENV = "SGLANG_SM120_DYNAMO_FREE"
 TOPK = (8, 6, 4, 2)
 TOKENS = (1, 7, 17, 32)
 WIDTHS = (256, 7168)  # tiny models, GLM-5 / DeepSeek (each width x scale x top-k compiles twice)
@@ -46,20 +48,14 @@ def _inputs(tokens: int, topk: int, width: int, seed: int):
 
 
 def _run(helper, x, scale, dynamo_free: bool):
-    old = os.environ.get(ENV)
-    os.environ[ENV] = "1" if dynamo_free else "0"
-    try:
+    with dfc.mode(dynamo_free):
         out = torch.empty(x.shape[0], x.shape[2], dtype=x.dtype, device=x.device)
         helper(x, out, scale)
         torch.cuda.synchronize()
         return out
-    finally:
-        if old is None:
-            os.environ.pop(ENV, None)
-        else:
-            os.environ[ENV] = old
 
 
+@functools.lru_cache(maxsize=None)
 def _sum_orders():
     """lab/variants/sum_orders.py, loaded by path (the lab variants use the same candidates)."""
     path = Path(__file__).resolve().parents[2] / "lab" / "variants" / "sum_orders.py"
@@ -69,15 +65,11 @@ def _sum_orders():
     return module
 
 
-def _bits_equal(a, b) -> bool:
-    return torch.equal(a.view(torch.int16), b.view(torch.int16))
-
-
 def _matching_orders(x, scale, compiled):
     orders = _sum_orders()
     return [f"{order}{', sum rounded before the scale' if rounded else ', one rounding'}"
             for order in orders.fp32_sums(x[:1]) for rounded in (False, True)
-            if _bits_equal(orders.reduce(x, scale, order, rounded), compiled)]
+            if dfc.bitwise_equal(orders.reduce(x, scale, order, rounded), compiled)]
 
 
 def _write():
@@ -110,7 +102,7 @@ def test_moe_sum_reduce_twin_gives_the_compiled_bits(helper, topk):
                 compiled = _run(helper, x, scale, dynamo_free=False)
                 eager = _run(helper, x, scale, dynamo_free=True)
                 key = f"topk{topk} tokens{tokens} width{width} scale{scale}"
-                equal = _bits_equal(eager, compiled)
+                equal = dfc.bitwise_equal(eager, compiled)
                 RESULTS[key] = {"equal": equal}
                 if not equal:
                     RESULTS[key]["differing_values"] = int((eager != compiled).sum())

@@ -67,27 +67,26 @@ class HTTPStatusError(RuntimeError):
         self.body = body
 
 
+def _send(req: urllib.request.Request, timeout: float) -> bytes:
+    """The answer's body; HTTPStatusError on an HTTP error status, with the body."""
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.read()
+    except urllib.error.HTTPError as e:
+        raise HTTPStatusError(req.full_url, e.code, e.read().decode("utf-8", "replace")) from None
+
+
 def request_json(url: str, payload: Optional[dict] = None, timeout: float = 120.0):
-    """GET (no payload) or POST `payload` as JSON; the decoded answer. HTTPStatusError on an
-    HTTP error status, with the body."""
+    """GET (no payload) or POST `payload` as JSON; the decoded answer."""
     data = None if payload is None else json.dumps(payload).encode()
     req = urllib.request.Request(url, data=data, method="GET" if payload is None else "POST",
                                  headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as r:
-            return json.loads(r.read().decode())
-    except urllib.error.HTTPError as e:
-        raise HTTPStatusError(url, e.code, e.read().decode("utf-8", "replace")) from None
+    return json.loads(_send(req, timeout).decode())
 
 
 def flush_cache(url: str, timeout: float = 120.0) -> None:
     """Empty the server's radix cache (POST /flush_cache, which answers in plain text)."""
-    req = urllib.request.Request(url + "/flush_cache", method="POST")
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as r:
-            r.read()
-    except urllib.error.HTTPError as e:
-        raise HTTPStatusError(url + "/flush_cache", e.code, e.read().decode("utf-8", "replace")) from None
+    _send(urllib.request.Request(url + "/flush_cache", method="POST"), timeout)
 
 
 def _http_status(url: str, timeout: float = 5.0) -> Optional[int]:
