@@ -15,7 +15,7 @@ concurrency both are warmed, then measured ROUNDS times each, alternating which 
 Load: upstream's bench_serving client (random ids, IN input + OUT output tokens, greedy,
 ignore_eos), 2 x concurrency prompts per measurement. A concurrency above the layerwise server's
 logged full-graph ceiling is measured but has no target (layerwise graphs run there, not
-upstream's). Writes RESULTS/serving-parity-h200.json (+ .md), targets: layerwise / upstream median
+upstream's). Writes RESULTS/serving-parity.json (+ .md), targets: layerwise / upstream median
 output tok/s >= 0.97 per model and concurrency.
 """
 from __future__ import annotations
@@ -192,7 +192,7 @@ def main(argv=None) -> int:
     setup.offline_env()
     work = Path(a.workdir or tempfile.mkdtemp(prefix="serving-parity-"))
     work.mkdir(parents=True, exist_ok=True)
-    out = Path(a.results_dir) / "serving-parity-h200.json"
+    out = Path(a.results_dir) / "serving-parity.json"
     doc = {"benchmark": "serving-parity", "commit": _results.commit(), "date": _results.utc_now(),
            "gpu": device_name(), "rounds": a.rounds, "concurrency": a.concurrency, "input_len": a.input_len,
            "output_len": a.output_len, "models": {}}

@@ -81,9 +81,10 @@
 #   same-tokens-probe  lab/same_tokens_probe.py on $SAME_TOKENS_MODEL (default glm4_moe-bf16): one
 #                server per variant side by side, which source changes layerwise's greedy tokens
 #                against graphs disabled -> RESULTS/same-tokens-probe/ (a probe)                    480
-#   dynamo-free-bits  (by name only) test_dynamo_free_bits_gpu.py: moe_sum_reduce's Dynamo-free form
-#                against torch.compile's on the GPU, bitwise; for a mismatch, which summation order gives
-#                the compiled bits -> RESULTS/dynamo-free-bits-gpu.json (a probe)                    480
+#   dynamo-free-bits  (by name only) test_dynamo_free_bits_gpu.py: moe_sum_reduce's and the sigmoid
+#                router's Dynamo-free forms against torch.compile's on the GPU, bitwise; for a mismatch,
+#                which candidate (summation order, division) gives the compiled bits
+#                -> RESULTS/dynamo-free-bits-gpu.json (a probe)                                      480
 #   same-tokens  test_same_tokens.py (quick subset unless SAME_TOKENS_FULL=1): layerwise tokens
 #                identical to graphs disabled, repeatability, a cold-JIT start under strict traps
 #                (the cold pair JIT-compiles every module it needs: FlashInfer's prebuilt ones hidden)
@@ -92,7 +93,7 @@
 #                layerwise server side by side per model in $SERVING_PARITY_MODELS (default: three tiny
 #                bf16 models and the Qwen3-30B-A3B-shape NVFP4 model), concurrency 64 and 256 (inside
 #                the full-graph ceiling), 5 rounds each in alternating order
-#                -> RESULTS/serving-parity-h200.{json,md}                                         1800
+#                -> RESULTS/serving-parity.{json,md}                                         1800
 #   repeat-probe lab/repeat_probe.py: one server per variant in $REPEAT_PROBE_VARIANTS (';'-separated
 #                "NAME MODEL [WORD...]"; default: the DSA NVFP4 greedy-repeat suspects), each
 #                answering one greedy batch 12 times -> RESULTS/repeat-probe.json              900

@@ -75,14 +75,15 @@ VARIANTS: Dict[str, tuple] = {
                           _LAYERWISE + ["--cuda-graph-bs-decode", *map(str, BATCH_SIZES)],
                           {"SGLANG_SM120_LAB_VARIANT": "compiled-helpers"}),
 }
-# candidates for the compiled moe_sum_reduce's summation order (lab/variants/sum_orders.py), run
-# only when named: test/gpu/test_dynamo_free_bits_gpu.py says which one gives the compiled bits
-NAMED_ONLY = {f"lw-exact-sum-{o}{r}": (f"lw-exact with moe_sum_reduce's twin summing {o}-wise"
-                                       f"{', the sum rounded before the scale' if r else ''}",
-                                       _LAYERWISE + ["--cuda-graph-bs-decode", *map(str, BATCH_SIZES)],
-                                       {"SGLANG_SM120_LAB_VARIANT": f"sum-{o}{r}"})
+# candidates for the compiled sigmoid router's numerics (lab variants router-ORDER[-divfull]:
+# runner/gpu_numerics.py), run only when named: test/gpu/test_dynamo_free_bits_gpu.py says which
+# give the compiled bits (moe_sum_reduce's twin gave them already: session 13)
+NAMED_ONLY = {f"lw-exact-router-{o}{d}": (f"lw-exact with the sigmoid router under Inductor's GPU numerics, "
+                                          f"sums {o}-wise{', a division by a number as Triton divides' if d else ''}",
+                                          _LAYERWISE + ["--cuda-graph-bs-decode", *map(str, BATCH_SIZES)],
+                                          {"SGLANG_SM120_LAB_VARIANT": f"router-{o}{d}"})
               for o in ("sequential", "tree", "butterfly", "pairs-butterfly", "quads-butterfly")
-              for r in ("", "-rounded")}
+              for d in ("", "-divfull")}
 VARIANTS.update(NAMED_ONLY)
 
 

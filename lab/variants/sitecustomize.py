@@ -25,6 +25,10 @@ NAME (one or more, comma-separated):
                            pairs-butterfly, quads-butterfly), one rounding after the
                            scale, or with -rounded the sum rounded first: candidates for the GPU's
                            compiled kernel (test/gpu/test_dynamo_free_bits_gpu.py names the match)
+  router-ORDER[-divfull]   the sigmoid routers (biased_grouped_topk_impl and kin) run their plain
+                           bodies under Inductor's GPU numerics (runner/gpu_numerics.py: Triton's
+                           sigmoid and division, sums in ORDER, a division by a number as a
+                           product with its reciprocal, or with -divfull as Triton's division)
 Each patch is applied right after its module's first import and says so on stderr.
 """
 import importlib.abc
@@ -92,6 +96,10 @@ def _zero_pad_decode(module):
         if padded and padded not in budget:
             # a size's kernel is split-mode or not for good: read once, from its capture's plan
             budget[padded] = budget_of(self, padded)
+            wrappers = getattr(self.attn_backend, "decode_cuda_graph_metadata", {}).get(padded) or []
+            print(f"[lab variant] zero-pad-decode: size {padded}: budget {budget[padded]} "
+                  f"(wrappers {[type(w).__name__ for w in wrappers]}, plan info "
+                  f"{[getattr(w, '_plan_info', None) for w in wrappers][:1]!r:.200})", file=sys.stderr, flush=True)
         if getattr(self, "_lw_finished", False) and padded and padded > raw_bs and budget[padded]:
             page = int(getattr(self.model_runner.server_args, "page_size", 1) or 1)
             pages = [-(-int(n) // page) for n in forward_batch.seq_lens_cpu.tolist()]
@@ -116,6 +124,20 @@ def _sum_order(order, rounded):
     return patch
 
 
+# the sigmoid routers upstream torch.compiles (biased top-k fallbacks: GLM-4.5 / GLM-5 with the
+# shared expert fused into the top-k reach biased_grouped_topk_impl)
+SIGMOID_ROUTERS = ("biased_grouped_topk_impl", "biased_topk_impl", "kimi_k2_biased_topk_impl")
+
+
+def _router_twin(order, constant_division):
+    def patch(module):
+        from sglang.sm120.runner.gpu_numerics import inductor_gpu_twin
+
+        for name in SIGMOID_ROUTERS:
+            module.TWINS[name] = lambda f: inductor_gpu_twin(f, order, constant_division)
+    return patch
+
+
 PATCHES = {
     "plain-eager-helpers": ("sglang.sm120.runner.dynamo_free", _plain_eager_helpers),
     "compiled-helpers": ("sglang.sm120.runner.dynamo_free", _compiled_helpers),
@@ -124,9 +146,12 @@ PATCHES = {
     "no-pinned-plan-wait": ("sglang.sm120.pinned_plan", _no_pinned_plan_wait),
     "zero-pad-decode": ("sglang.sm120.runner.runners", _zero_pad_decode),
 }
-for _order in ("sequential", "tree", "butterfly", "pairs-butterfly", "quads-butterfly"):  # sum_orders.ORDERS
+for _order in ("sequential", "tree", "butterfly", "pairs-butterfly", "quads-butterfly"):  # gpu_numerics.ORDERS
     PATCHES[f"sum-{_order}"] = ("sglang.sm120.runner.dynamo_free", _sum_order(_order, False))
     PATCHES[f"sum-{_order}-rounded"] = ("sglang.sm120.runner.dynamo_free", _sum_order(_order, True))
+    # the routers' plain bodies under Inductor's GPU numerics (gpu_numerics.inductor_gpu_twin)
+    PATCHES[f"router-{_order}"] = ("sglang.sm120.runner.dynamo_free", _router_twin(_order, "reciprocal"))
+    PATCHES[f"router-{_order}-divfull"] = ("sglang.sm120.runner.dynamo_free", _router_twin(_order, "div_full"))
 
 
 class _PatchAfterImport(importlib.abc.MetaPathFinder):

@@ -1,4 +1,5 @@
-"""The Dynamo-free form of moe_sum_reduce gives the GPU's compiled bits (issue 43; GPU).
+"""The Dynamo-free forms of moe_sum_reduce and the sigmoid router give the GPU's compiled bits
+(issue 43; GPU).
 
 Every MoE family serving a batch of <= 32 tokens reduces the top-k expert outputs through
 upstream's torch.compile'd `moe_sum_reduce_torch_compile`; in Dynamo-free mode its eager twin
@@ -9,6 +10,15 @@ small decode batch) to the helpers: with upstream's compiled helpers those batch
 disabled, with the twin they did not. So this compares, on the GPU, the Dynamo-free form with
 torch.compile's at the top-k values, token counts, widths and scales of the shipped models, bit
 for bit; values span several binades so the fp32 sum's order shows.
+
+The H100 run of session 13 found moe_sum_reduce's twin exact at every case, and the layerwise
+differences that upstream's compiled helpers still remove in GLM-4.5-style routing (one expert
+group, the shared expert fused into the top-k: upstream's default at EP 1), which reaches the
+compiled `biased_grouped_topk_impl`; its Dynamo-free form is the plain body, whose sigmoid and
+renormalising division are ATen's, not Triton's. The router test compares the two on router
+logits of the tiny glm4_moe, GLM-4.5 and GLM-5 shapes, and each candidate twin
+(runner/gpu_numerics.inductor_gpu_twin: Triton's sigmoid and division, a summation order, a
+division by a number as a reciprocal product or as Triton's division) against the compiled bits.
 
 With SGLANG_SM120_RESULTS_DIR it writes dynamo-free-bits-gpu.json there: per case equal or not,
 and for each unequal one which eager summation order gives the compiled bits (lab/variants/
@@ -112,3 +122,58 @@ def test_moe_sum_reduce_twin_gives_the_compiled_bits(helper, topk):
     assert not failures, "Dynamo-free moe_sum_reduce differs from the compiled one at: " + "; ".join(
         f"{k} ({RESULTS[k]['differing_values']} values; compiled bits from: "
         f"{RESULTS[k]['orders_giving_the_compiled_bits'] or 'none of the candidate orders'})" for k in failures)
+
+
+# (experts, top-k with the fused shared expert, routed scaling factor): the tiny glm4_moe, GLM-4.5
+# (160 routed experts), GLM-5 (256); one expert group, as those configs have
+ROUTERS = ((16, 9, 1.0), (160, 9, 2.5), (256, 9, 2.5))
+ROUTER_TOKENS = (1, 7, 33, 256, 1024)
+
+
+def _router_inputs(tokens: int, experts: int, seed: int):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    logits = torch.randn(tokens, experts, generator=g, device="cuda") * 2.0
+    bias = torch.randn(experts, generator=g, device="cuda") * 0.05
+    return torch.empty(tokens, 8, device="cuda"), logits, bias
+
+
+def _route(fn, inputs, topk, scale):
+    hidden, logits, bias = inputs
+    out = fn(hidden, logits, bias, topk, True, 1, 1, num_fused_shared_experts=1,
+             routed_scaling_factor=scale, apply_routed_scaling_factor_on_output=False)
+    torch.cuda.synchronize()
+    return out
+
+
+def test_sigmoid_router_gives_the_compiled_bits():
+    if not torch.cuda.is_available():
+        pytest.fail("needs a CUDA GPU")
+    from sglang.sm120.runner import gpu_numerics
+    from sglang.srt.layers.moe import topk as topk_mod
+
+    helper = topk_mod.biased_grouped_topk_impl
+    plain = helper.__wrapped_eager__
+    candidates = {f"{o}, constant division {c}": gpu_numerics.inductor_gpu_twin(plain, o, c)
+                  for o in gpu_numerics.ORDERS for c in gpu_numerics.CONSTANT_DIVISIONS}
+    failures = []
+    for experts, topk, scale in ROUTERS:
+        torch._dynamo.reset()  # one server's router: one shape family, the token count dynamic
+        for tokens in ROUTER_TOKENS:
+            x = _router_inputs(tokens, experts, seed=tokens * 131 + experts)
+            with dfc.mode(False):
+                compiled = _route(helper, x, topk, scale)
+            with dfc.mode(True):
+                eager = _route(helper, x, topk, scale)
+            key = f"router experts{experts} topk{topk} scale{scale} tokens{tokens}"
+            equal = dfc.bitwise_equal(eager, compiled)
+            RESULTS[key] = {"equal": equal, "ids_equal": bool(torch.equal(eager[1], compiled[1]))}
+            if not equal:
+                RESULTS[key]["differing_weights"] = int((eager[0] != compiled[0]).sum())
+                RESULTS[key]["candidates_giving_the_compiled_bits"] = [
+                    name for name, twin in candidates.items()
+                    if dfc.bitwise_equal(_route(twin, x, topk, scale), compiled)]
+                failures.append(key)
+    _write()
+    assert not failures, "Dynamo-free biased_grouped_topk_impl differs from the compiled one at: " + "; ".join(
+        f"{k} ({RESULTS[k]['differing_weights']} weights, ids equal: {RESULTS[k]['ids_equal']}; compiled bits "
+        f"from: {RESULTS[k]['candidates_giving_the_compiled_bits'] or 'no candidate'})" for k in failures)

@@ -50,3 +50,20 @@ def test_the_cold_servers_import_flashinfer_without_its_prebuilt_modules(tmp_pat
                          env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(tmp_path / "site")},
                          capture_output=True, text=True, check=True).stdout.split()
     assert out == ["True"]
+
+
+def test_a_difference_from_graphs_disabled_counts_only_where_upstream_does_not_share_it():
+    batches = [{"group": "decode", "name": "bs3"}, {"group": "prefill", "name": "len9"}]
+    off = [[[1, 2], [3, 4], [5, 6]], [[7]]]
+    upstream = [[[1, 2], [3, 9], [5, 6]], [[7]]]
+    got = [[[1, 2], [3, 9], [5, 8]], [[0]]]
+    cells = st.unexplained(batches, off, upstream, got)
+    assert cells["decode"] == {"as_upstream": 1, "unexplained": 1, "total": 3, "differ": ["bs3 request 2 token 1"]}
+    assert cells["prefill"] == {"as_upstream": 0, "unexplained": 1, "total": 1, "differ": ["len9 request 0 token 0"]}
+    # identical to graphs disabled where upstream differs: nothing to explain
+    assert st.unexplained(batches, off, upstream, off)["decode"]["unexplained"] == 0
+
+
+def test_the_identity_test_runs_upstreams_configuration_beside_layerwise():
+    assert st.ROLES["upstream"] == []
+    assert all(st.LAYERWISE[0] in st.ROLES[r] for r in st.LAYERWISE_ROLES)

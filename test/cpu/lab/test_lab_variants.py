@@ -67,6 +67,24 @@ def test_a_sum_variant_replaces_the_twin(monkeypatch):
     assert torch.equal(out, load("sum_orders").reduce(x, 1.0, "tree", True))
 
 
+def test_a_router_variant_puts_the_numerics_twin_on_every_sigmoid_router(monkeypatch):
+    monkeypatch.delenv("SGLANG_SM120_LAB_VARIANT", raising=False)
+    site = load("sitecustomize")
+    from sglang.sm120.runner import gpu_numerics
+
+    assert {f"router-{o}{d}" for o in gpu_numerics.ORDERS for d in ("", "-divfull")} <= set(site.PATCHES)
+    module_name, patch = site.PATCHES["router-tree-divfull"]
+    assert module_name == "sglang.sm120.runner.dynamo_free"
+    seen = []
+    monkeypatch.setattr(gpu_numerics, "inductor_gpu_twin", lambda f, o, c: seen.append((f, o, c)) or f)
+    fake = SimpleNamespace(TWINS={})
+    patch(fake)
+    assert set(fake.TWINS) == set(site.SIGMOID_ROUTERS)
+    body = lambda: None  # noqa: E731
+    assert fake.TWINS["biased_grouped_topk_impl"](body) is body
+    assert seen == [(body, "tree", "div_full")]
+
+
 def _items(pages, chunk):
     return sum(-(-max(p, 1) // chunk) for p in pages)
 

@@ -49,7 +49,7 @@ def test_variant_selection():
     default = probe.select_variants(None)
     assert default == [n for n in probe.VARIANTS if n not in probe.NAMED_ONLY]
     assert {"upstream-1024", "upstream-exact", "lw-exact", "lw-exact-compiled"} <= set(default)
-    assert probe.select_variants("off-a,lw-exact-sum-tree") == ["off-a", "lw-exact-sum-tree"]
+    assert probe.select_variants("off-a,lw-exact-router-tree") == ["off-a", "lw-exact-router-tree"]
     # each named-only variant names a lab variant sitecustomize knows
     site = load("lab/variants/sitecustomize.py")
     assert all(env["SGLANG_SM120_LAB_VARIANT"] in site.PATCHES for _, _, env in probe.NAMED_ONLY.values())
