@@ -83,8 +83,9 @@
 #                against graphs disabled -> RESULTS/same-tokens-probe/ (a probe)                    480
 #   dynamo-free-bits  (by name only) test_dynamo_free_bits_gpu.py: moe_sum_reduce's and the sigmoid
 #                router's Dynamo-free forms against torch.compile's on the GPU, bitwise; for a mismatch,
-#                which candidate (summation order, division) gives the compiled bits
-#                -> RESULTS/dynamo-free-bits-gpu.json (a probe)                                      480
+#                which candidate (summation order, division) gives the compiled bits; and whether a
+#                bf16 linear layer's real rows keep their bits at a padded batch (test_padded_rows_bits_gpu.py)
+#                -> RESULTS/dynamo-free-bits-gpu.json, padded-rows-bits-gpu.json (probes)           480
 #   same-tokens  test_same_tokens.py (quick subset unless SAME_TOKENS_FULL=1): layerwise tokens
 #                identical to graphs disabled, repeatability, a cold-JIT start under strict traps
 #                (the cold pair JIT-compiles every module it needs: FlashInfer's prebuilt ones hidden)
@@ -170,7 +171,7 @@ for s in "${STEPS[@]}"; do
   case "$s" in
     dynamo-free-bits)
       SGLANG_SM120_RESULTS_DIR="$RES" step dynamo-free-bits 480 "$PY" -m pytest -m gpu -q -rA -p no:cacheprovider \
-        test/gpu/test_dynamo_free_bits_gpu.py ;;
+        test/gpu/test_dynamo_free_bits_gpu.py test/gpu/test_padded_rows_bits_gpu.py ;;
     lean-moe)
       SGLANG_SM120_RESULTS_DIR="$RES" step lean-moe 300 "$PY" -m pytest -m gpu -q -p no:cacheprovider \
         test/gpu/test_lean_moe.py -s ;;
