@@ -63,6 +63,11 @@ VARIANTS: Dict[str, tuple] = {
     # row's included, so a padded size may split a long request's KV where eager does not
     "upstream-1024": ("upstream's full decode graphs up to 1024 (padded sizes above 256 too)",
                       ["--cuda-graph-max-bs-decode", "1024"], {}),
+    # attention planned on the real batch at padded sizes: upstream's breakable graphs for decode
+    # (attention an eager break), the mechanism layerwise prefill uses, as a candidate for decode
+    # above the full-graph ceiling
+    "upstream-breakable-1024": ("upstream's breakable decode graphs up to 1024 (attention an eager break)",
+                                ["--cuda-graph-backend-decode", "breakable", "--cuda-graph-max-bs-decode", "1024"], {}),
     "upstream-exact": ("upstream's full decode graphs at exactly the probe's batch sizes (no padding)",
                        ["--cuda-graph-bs-decode", *map(str, BATCH_SIZES)], {}),
     "lw-exact": ("seed, decode sizes exactly the probe's batch sizes (no padding; layerwise above 256)",

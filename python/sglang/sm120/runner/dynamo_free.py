@@ -50,8 +50,13 @@ difference is the order of ops and roundings; it does not show what only the GPU
   the fp32 cos/sin cache CUDA keeps, an FMA may round differently.
 - multinomial_with_seed's fp64 log: whether Triton's equals ATen's on the GPU is not measured.
 - moe_sum_reduce at top-k >= 8 is a real reduction (smaller ones are unrolled into one fp32
-  chain): the CPU kernel stores the bf16 sum before scaling, so only the GPU identity tests
-  (test/gpu/test_same_tokens.py) measure the twin at top-k >= 8.
+  chain): the CPU kernel stores the bf16 sum before scaling, so the CPU tests cannot hold the twin
+  there; test/gpu/test_dynamo_free_bits_gpu.py does, and found it bit-exact on the H100 at top-k
+  2..8 (session 13).
+The sigmoid routers (biased_grouped_topk_impl and kin) are reached by GLM-4.5 and GLM-5 routing
+with the shared expert fused into the top-k; runner/gpu_numerics.py builds candidate twins for
+them (Triton's own sigmoid and division, ordered sums), which the same GPU test holds to the
+compiled bits. None is in TWINS until one matches there.
 docs/runner.md ("Same tokens as upstream") says which of these the shipped models reach.
 """
 from __future__ import annotations
