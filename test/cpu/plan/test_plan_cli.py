@@ -137,13 +137,45 @@ def test_faking_a_card_leaves_upstream_as_it_was():
 def test_the_graph_memory_fit_is_what_its_runs_give(tmp_path):
     data = graph_memory.load()
     assert data["label"] == "estimate"
-    refit = graph_memory.fit(data["runs"])
+    refit = graph_memory.fit(data["runs"], data["model"])
     assert {(p, k, c): v for p, ks in data["coefficients"].items() for k, cs in ks.items() for c, v in cs.items()} \
         == pytest.approx({(p, k, c): v for p, ks in refit.items() for k, cs in ks.items() for c, v in cs.items()})
     sources = sorted({r["source"].split(":")[0] for r in data["runs"]})
     # the fit reads the runner benchmark's result of record, in the tree
     assert graph_memory.runs_from_results([REPO / "benchmarks" / "results" / n for n in sources]) == data["runs"]
     assert max(abs(e["error"]) for e in graph_memory.errors(data)) < 0.1
+
+
+def test_a_plan_check_run_enters_the_fit_scaled_by_its_model(tmp_path):
+    """Two models' plan-check runs whose graph memory follows the estimate's form exactly, each
+    with its own layers and width: the refit recovers the coefficients, and the estimate then
+    gives each run's measured memory."""
+    ref = {"num_hidden_layers": 48, "hidden_size": 2048}
+    a = {"full": 0.004, "layerwise": 0.03}
+    b = {"full": 0.0025, "layerwise": 0.0004}
+    models = {"small": ({"num_hidden_layers": 4, "hidden_size": 256}, [1, 2, 4, 8], [16, 32]),
+              "big": ({"num_hidden_layers": 48, "hidden_size": 2048}, list(range(8, 257, 8)), [288, 320, 1024]),
+              "mid": ({"num_hidden_layers": 24, "hidden_size": 1024}, [1, 8, 64, 128], [512, 1024, 2048]),
+              "wide": ({"num_hidden_layers": 3, "hidden_size": 6144}, [1, 2, 4, 8, 12, 16], [24, 48, 96]),
+              "deep": ({"num_hidden_layers": 78, "hidden_size": 512}, [1, 2], [4, 8, 16, 32, 64, 128, 256]),
+              "no-dims": (None, [1], [2])}  # a run from before model dims were recorded: left out
+    rows = []
+    for name, (dims, full, layerwise) in models.items():
+        lay, wid = (dims["num_hidden_layers"] / 48, dims["hidden_size"] / 2048) if dims else (1, 1)
+        gb = sum(a[k] * lay * len(ss) + b[k] * wid * max(ss) for k, ss in (("full", full), ("layerwise", layerwise)))
+        (tmp_path / f"plan-{name}.json").write_text(json.dumps({"fork": {
+            "decode_full_sizes": full, "decode_layerwise_sizes": layerwise,
+            "prefill_backend": "layerwise", "prefill_buckets": [8, 4096]}}))
+        rows.append({"model": name, **({"model_dims": dims} if dims else {}),
+                     "verdict": {"sizes": [{"ok": True}], "graph_memory": [{"phase": "decode", "measured_gb": gb}]}})
+    (tmp_path / "plan-check.json").write_text(json.dumps({"benchmark": "plan-check", "models": rows}))
+    runs = graph_memory.runs_from_plan_check(str(tmp_path / "plan-check.json"))
+    assert [r["source"].split(":")[1] for r in runs] == ["small", "big", "mid", "wide", "deep"]
+    coef = graph_memory.fit(runs, ref)["decode"]
+    for k in ("full", "layerwise"):
+        assert coef[k]["a"] == pytest.approx(a[k], rel=1e-6) and coef[k]["b"] == pytest.approx(b[k], rel=1e-6)
+    fitted = {"model": ref, "coefficients": {"decode": coef, "prefill": {}}, "runs": runs}
+    assert max(abs(e["error"]) for e in graph_memory.errors(fitted)) < 1e-6
 
 
 def test_compare_reads_the_servers_plan_line_and_graph_memory():

@@ -11,7 +11,11 @@ report) in the runs listed in graph_memory_fit.json: Qwen3-30B-A3B shapes, bf16,
 Prefill has one measured bucket set per backend, so there a_k is the decode value of the same
 kind and only b_k is fitted. Other models are extrapolated: a by their layer count, b by their
 hidden size, relative to the fit model.
-`python -m sglang.sm120.plan.graph_memory --refit <runner-results.json>...` rewrites the data file.
+`python -m sglang.sm120.plan.graph_memory --refit <results.json>...` rewrites the data file from
+runner benchmark results (Qwen3-30B-A3B shapes) and plan-check results (benchmarks/plan_check.py:
+the tiny models and the Qwen3 shapes, each run with its model's layers and hidden size); a run of
+another model enters the fit with its a and b columns scaled by its layers and width, the same
+scaling the estimate applies.
 """
 from __future__ import annotations
 
@@ -56,6 +60,28 @@ def runs_from_results(paths: Iterable[str]) -> List[dict]:
     return runs
 
 
+def runs_from_plan_check(path: str) -> List[dict]:
+    """(phase, sizes per kind, measured GB, model dims) per model of a plan-check result: the sizes
+    from the model's plan (plan-<model>.json beside it; checked equal to the server's), the graph
+    memory its server paid (upstream's capture line plus the layerwise capture report)."""
+    path = Path(path)
+    doc = json.loads(path.read_text())
+    runs = []
+    for row in doc.get("models", []):
+        verdict, dims = row.get("verdict"), row.get("model_dims")
+        if not verdict or not dims or not all(c["ok"] for c in verdict["sizes"]):
+            continue  # no server, no dims (runs before 175c8a0), or sizes that are not the plan's
+        fork = json.loads((path.parent / f"plan-{row['model']}.json").read_text())["fork"]
+        sizes = {"decode": {"full": fork["decode_full_sizes"], "layerwise": fork["decode_layerwise_sizes"]},
+                 "prefill": {fork["prefill_backend"]: fork["prefill_buckets"]}}
+        for m in verdict["graph_memory"]:
+            if m["measured_gb"] > 0:
+                runs.append({"source": f"{path.name}:{row['model']}", "phase": m["phase"],
+                             "sizes": {k: v for k, v in sizes[m["phase"]].items() if v},
+                             "measured_gb": m["measured_gb"], "model": dims})
+    return runs
+
+
 def _flag_ints(command: str, flag: str) -> List[int]:
     words = command.split()
     i = words.index(flag) + 1
@@ -86,18 +112,31 @@ def _lstsq(rows: List[List[float]], ys: List[float]) -> List[float]:
         keep.pop(int(np.argmin(c)))
 
 
-def fit(runs: List[dict]) -> Dict[str, Dict[str, Dict[str, float]]]:
-    """Coefficients {phase: {kind: {a, b}}} in GB (a per captured size, b per row of the largest)."""
+def _scales(run: dict, ref: Optional[dict]):
+    """(layers, width) of the run's model relative to the fit model (1, 1 for the fit model)."""
+    m = run.get("model")
+    if not m or not ref:
+        return 1.0, 1.0
+    return m["num_hidden_layers"] / ref["num_hidden_layers"], m["hidden_size"] / ref["hidden_size"]
+
+
+def fit(runs: List[dict], ref: Optional[dict] = None) -> Dict[str, Dict[str, Dict[str, float]]]:
+    """Coefficients {phase: {kind: {a, b}}} in GB (a per captured size, b per row of the largest),
+    for the model `ref` (layers, hidden size); runs of other models scale their columns."""
     decode = [r for r in runs if r["phase"] == "decode"]
     kinds = sorted({k for r in decode for k in r["sizes"]})
-    rows = [[f(r["sizes"].get(k, [])) for k in kinds for f in (len, _largest)] for r in decode]
+    rows = []
+    for r in decode:
+        layers, width = _scales(r, ref)
+        rows.append([v for k in kinds for v in (layers * len(r["sizes"].get(k, [])),
+                                                 width * _largest(r["sizes"].get(k, [])))])
     c = _lstsq(rows, [r["measured_gb"] for r in decode])
     coef = {"decode": {k: {"a": c[2 * i], "b": c[2 * i + 1]} for i, k in enumerate(kinds)}, "prefill": {}}
     for kind in sorted({k for r in runs if r["phase"] == "prefill" for k in r["sizes"]}):
         a = coef["decode"].get(kind, coef["decode"]["full"])["a"]
         pre = [r for r in runs if r["phase"] == "prefill" and set(r["sizes"]) == {kind}]
-        b = _lstsq([[_largest(r["sizes"][kind])] for r in pre],
-                   [r["measured_gb"] - a * len(r["sizes"][kind]) for r in pre])[0]
+        b = _lstsq([[_scales(r, ref)[1] * _largest(r["sizes"][kind])] for r in pre],
+                   [r["measured_gb"] - a * _scales(r, ref)[0] * len(r["sizes"][kind]) for r in pre])[0]
         coef["prefill"][kind] = {"a": a, "b": b}
     return coef
 
@@ -126,7 +165,7 @@ def errors(fitted: Optional[dict] = None) -> List[dict]:
     fitted = fitted or load()
     out = []
     for r in fitted["runs"]:
-        est = estimate_gb(r["phase"], r["sizes"], None, fitted)
+        est = estimate_gb(r["phase"], r["sizes"], r.get("model"), fitted)
         out.append({"source": r["source"], "phase": r["phase"], "measured_gb": r["measured_gb"],
                     "estimated_gb": round(est, 4), "error": round(est / r["measured_gb"] - 1, 4)})
     return out
@@ -137,12 +176,22 @@ def main(argv=None) -> int:
     if not argv or argv[0] != "--refit" or len(argv) < 2:
         print("usage: python -m sglang.sm120.plan.graph_memory --refit <runner-results.json>...", file=sys.stderr)
         return 2
-    runs = runs_from_results(argv[1:])
+    runs, sources = [], []
+    for path in argv[1:]:
+        raw = Path(path).read_bytes()
+        doc = json.loads(gzip.decompress(raw) if path.endswith(".gz") else raw)
+        if doc.get("benchmark") == "plan-check":
+            runs += runs_from_plan_check(path)
+            sources.append(f"plan-check on {doc.get('gpu')} (benchmarks/plan_check.py)")
+        else:
+            runs += runs_from_results([path])
+            sources.append("Qwen3-30B-A3B shapes on one NVIDIA H200 (benchmarks/bench_runner.py)")
+    ref = {"hidden_size": 2048, "num_hidden_layers": 48}
     data = {
         "label": "estimate",
-        "fitted_on": "Qwen3-30B-A3B shapes, bf16, TP 1, one NVIDIA H200 (benchmarks/bench_runner.py)",
-        "model": {"hidden_size": 2048, "num_hidden_layers": 48},
-        "coefficients": fit(runs), "runs": runs,
+        "fitted_on": "bf16, TP 1: " + "; ".join(dict.fromkeys(sources)),
+        "model": ref,
+        "coefficients": fit(runs, ref), "runs": runs,
     }
     FIT_FILE.write_text(json.dumps(data, indent=1) + "\n")
     for e in errors(data):
