@@ -127,3 +127,25 @@ def test_the_router_body_runs_under_the_mode(cpu_stand_ins):
     assert (8, "pairs-butterfly") in cpu_stand_ins["sums"]
     assert torch.equal(got_ids, want_ids)
     assert torch.allclose(got_w, want_w, rtol=1e-6, atol=0)
+
+
+@pytest.mark.parametrize("cc", [90, 120])
+def test_the_kernels_compile_to_tritons_approximate_ops(cc):
+    """Compiled for SM90 and SM120 without a GPU (Triton's own ptxas): the sigmoid is ex2.approx
+    and div.full, the division div.full (not IEEE div.rn): the instructions Inductor's fp32 sigmoid
+    and division lower to."""
+    triton = pytest.importorskip("triton")
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    sigmoid, div = gn._kernels()
+    ptrs = {"sigmoid_kernel": ("x_ptr", "out_ptr"), "div_kernel": ("a_ptr", "b_ptr", "out_ptr")}
+    ptx = {}
+    for k in (sigmoid, div):
+        sig = {**{p: "*fp32" for p in ptrs[k.fn.__name__]}, "n": "i32", "BLOCK": "constexpr"}
+        compiled = triton.compile(ASTSource(fn=k, signature=sig, constexprs={"BLOCK": gn.BLOCK}),
+                                  target=GPUTarget("cuda", cc, 32))
+        ptx[k.fn.__name__] = compiled.asm["ptx"]
+    assert "ex2.approx" in ptx["sigmoid_kernel"] and "div.full.f32" in ptx["sigmoid_kernel"]
+    assert "div.full.f32" in ptx["div_kernel"]
+    assert not any("div.rn" in p for p in ptx.values())

@@ -77,13 +77,15 @@ def _kernels():
     import triton
     import triton.language as tl
 
-    @triton.jit
+    # one compiled variant per kernel: no specialisation on the element count, and the wrappers
+    # pass 16-byte aligned pointers only (a variant built after the traps arm would be a ptxas run)
+    @triton.jit(do_not_specialize=["n"])
     def sigmoid_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
         i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
         m = i < n
         tl.store(out_ptr + i, tl.sigmoid(tl.load(x_ptr + i, mask=m)), mask=m)
 
-    @triton.jit
+    @triton.jit(do_not_specialize=["n"])
     def div_kernel(a_ptr, b_ptr, out_ptr, n, BLOCK: tl.constexpr):
         i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
         m = i < n
@@ -97,7 +99,8 @@ def _fp32(t, name: str):
 
     if t.dtype != torch.float32 or not t.is_cuda:
         raise ValueError(f"{name}: expected a CUDA float32 tensor, got {t.dtype} on {t.device}")
-    return t.contiguous()
+    t = t.contiguous()
+    return t if t.data_ptr() % 16 == 0 else t.clone()  # a view at an odd offset: an aligned copy
 
 
 def sigmoid(x):
