@@ -7,7 +7,7 @@
 #   python benchmarks/status.py --take RESULTS   # here: the outputs of record -> benchmarks/results/
 #
 # RESULTS is a scratch folder; benchmarks/records.toml says which of its files are results of
-# record. The lab steps (graph-memory, prefill-profile, same-tokens-probe, repeat-probe, moe-fp4-sweep)
+# record. The lab steps (prefill-profile, same-tokens-probe, moe-fp4-sweep)
 # are probes: their outputs stay in RESULTS and are never records.
 #
 # Steps (with none named, the list in STEPS=(...) below, most wanted first; each has its own cap in seconds):
@@ -24,8 +24,6 @@
 #   moe-fp4-sweep (by name only) bench_moe_fp4.py on the GLM-5 sets with ours also at fixed warps per
 #                weight tile (8/1 4/1 2/1 1/1 and the down side at 8, 4, 2): is the plan's choice the best
 #                one? -> RESULTS/moe-sweep/ (a probe, not a record)                            900
-#   graph-memory lab/graph_memory_probe.py: device memory per instantiated CUDA graph
-#                outside torch's allocator (is layerwise's graph memory the number of graphs?)  180
 #   runner       benchmarks/bench_runner.py, its five default configurations, saved after each  2000
 #   prefill-profile benchmarks/prefill_profile.py: GPU kernel timeline of upstream breakable vs
 #                layerwise prefill at 1024 / 4096 tokens (busy / idle, by kernel group)          600
@@ -95,9 +93,6 @@
 #                bf16 models and the Qwen3-30B-A3B-shape NVFP4 model), concurrency 64 and 256 (inside
 #                the full-graph ceiling), 5 rounds each in alternating order
 #                -> RESULTS/serving-parity.{json,md}                                         1800
-#   repeat-probe lab/repeat_probe.py: one server per variant in $REPEAT_PROBE_VARIANTS (';'-separated
-#                "NAME MODEL [WORD...]"; default: the DSA NVFP4 greedy-repeat suspects), each
-#                answering one greedy batch 12 times -> RESULTS/repeat-probe.json              900
 # Not in the default list (a serving session of their own, ~25 min, issue 6):
 #   client-ceiling  benchmarks/client_ceiling.py: the bench_serving client alone against a synthetic
 #                1024-stream decode loop (no GPU): is the client or the server the serving limit  180
@@ -126,8 +121,8 @@ cd "$(dirname "$0")/.."
 [ $# -ge 1 ] || { sed -n '2,/^set -uo/p' "$0" | sed '$d' >&2; exit 2; }
 RES=$(mkdir -p "$1" && cd "$1" && pwd); shift
 STEPS=("$@")
-[ ${#STEPS[@]} -gt 0 ] || STEPS=(correctness-full correctness-alone prefill-fa2 runner zero-copy traps kernels fp4 lean-moe prefill-profile correctness graph-memory moe-profile eager-warmup)
-KNOWN="glm5-twin plan-check serving-parity same-tokens-probe same-tokens dynamo-free-bits repeat-probe glm5-launch-line sm120-check fp4-selfcheck gpu-suite lean-moe kernels fp4 moe-fp4 moe-fp4-sweep correctness-moe-sm120 graph-memory runner prefill-profile prefill-fa2 zero-copy moe-profile traps correctness correctness-full correctness-alone eager-warmup client-ceiling serving soak serving-diag serving-soak serving-tw4"
+[ ${#STEPS[@]} -gt 0 ] || STEPS=(correctness-full correctness-alone prefill-fa2 runner zero-copy traps kernels fp4 lean-moe prefill-profile correctness moe-profile eager-warmup)
+KNOWN="glm5-twin plan-check serving-parity same-tokens-probe same-tokens dynamo-free-bits glm5-launch-line sm120-check fp4-selfcheck gpu-suite lean-moe kernels fp4 moe-fp4 moe-fp4-sweep correctness-moe-sm120 runner prefill-profile prefill-fa2 zero-copy moe-profile traps correctness correctness-full correctness-alone eager-warmup client-ceiling serving soak serving-diag serving-soak serving-tw4"
 for s in "${STEPS[@]}"; do  # all checked before the first one starts
   case " $KNOWN " in *" $s "*) ;; *) echo "gpu_queue.sh: unknown step $s ($KNOWN)"; exit 2 ;; esac
 done
@@ -202,14 +197,6 @@ for s in "${STEPS[@]}"; do
       quick=1; [ "${SAME_TOKENS_FULL:-0}" = 1 ] && quick=0
       SGLANG_SM120_GPU_QUICK=$quick SGLANG_SM120_RESULTS_DIR="$RES" step same-tokens 1200 "$PY" -m pytest -m gpu -q -rA \
         -p no:cacheprovider test/gpu/test_same_tokens.py ${SAME_TOKENS_K:+-k "$SAME_TOKENS_K"} ;;
-    repeat-probe)
-      probe=()
-      IFS=';' read -ra specs <<< "${REPEAT_PROBE_VARIANTS:-base glm_moe_dsa-nvfp4;bf16 glm_moe_dsa-bf16;no-overlap glm_moe_dsa-nvfp4 --disable-overlap-schedule;marlin-atomic glm_moe_dsa-nvfp4 SGLANG_SM120_MARLIN_MOE_ORDERED_REDUCE=0;qwen3-nvfp4 qwen3_moe-nvfp4}"
-      for v in "${specs[@]}"; do probe+=(--variant "$v"); done
-      step repeat-probe 900 "$PY" lab/repeat_probe.py \
-        --out "$RES/repeat-probe.json" "${probe[@]}" ;;
-    graph-memory)
-      step graph-memory 180 "$PY" lab/graph_memory_probe.py --out "$RES/graph-memory.json" ;;
     runner)
       step runner 2000 "$PY" benchmarks/bench_runner.py --tag h200 --timeout 480 --results-dir "$RES" \
         --workdir "$RES/runner-work"

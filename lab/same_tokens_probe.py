@@ -72,10 +72,6 @@ VARIANTS: Dict[str, tuple] = {
                        ["--cuda-graph-bs-decode", *map(str, BATCH_SIZES)], {}),
     "lw-exact": ("seed, decode sizes exactly the probe's batch sizes (no padding; layerwise above 256)",
                  _LAYERWISE + ["--cuda-graph-bs-decode", *map(str, BATCH_SIZES)], {}),
-    "lw-zero-pad": ("seed, padded decode rows of 0 KV pages where the plan's budget allows "
-                    "(lab variant zero-pad-decode)", _LAYERWISE, {"SGLANG_SM120_LAB_VARIANT": "zero-pad-decode"}),
-    "lw-zero-pad-compiled": ("lw-zero-pad with upstream's torch.compile'd helpers", _LAYERWISE,
-                             {"SGLANG_SM120_LAB_VARIANT": "zero-pad-decode,compiled-helpers"}),
     "lw-exact-compiled": ("lw-exact with upstream's torch.compile'd helpers (Dynamo on, traps off)",
                           _LAYERWISE + ["--cuda-graph-bs-decode", *map(str, BATCH_SIZES)],
                           {"SGLANG_SM120_LAB_VARIANT": "compiled-helpers"}),

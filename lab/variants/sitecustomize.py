@@ -15,11 +15,6 @@ NAME (one or more, comma-separated):
   compiled-helpers         Dynamo-free mode off in this process: upstream's torch.compile'd
                            helpers compile and run as under upstream's configuration (leave the
                            traps off: every call enters Dynamo)
-  zero-pad-decode          layerwise decode replays give padded rows 0 KV pages instead of 1
-                           (FlashInfer's decode plan then splits the real rows' KV as graphs
-                           disabled does) when decode_plan.py says the work list fits the captured
-                           plan's budget (read once per size, from its capture's split-mode plan;
-                           else upstream's fill)
   sum-ORDER[-rounded]      Dynamo-free moe_sum_reduce sums the top-k outputs in fp32 in ORDER
                            (sum_orders.py: sequential, tree, butterfly,
                            pairs-butterfly, quads-butterfly), one rounding after the
@@ -65,57 +60,6 @@ def _compiled_helpers(module):
     module.dynamo_free = lambda: False
 
 
-def _zero_pad_decode(module):
-    import decode_plan
-
-    from sglang.sm120.runner.sizes import pad_to_bucket
-
-    cls = module.LayerwiseDecodeRunner
-    original = cls.load_batch
-
-    def budget_of(runner, bs):
-        """The split-mode budget (padded_batch_size) of size bs's FlashInfer decode plan, or None."""
-        wrappers = getattr(runner.attn_backend, "decode_cuda_graph_metadata", {}).get(bs) or []
-        budgets = set()
-        for w in wrappers:
-            # the decode kernels' plan only (tensor-core decode plans as prefill, another layout)
-            if type(w).__name__ != "BatchDecodeWithPagedKVCacheWrapper":
-                return None
-            info = list(getattr(w, "_plan_info", None) or [])
-            if len(info) != 10 or not bool(info[9]):  # DecodePlanInfo: [padded_batch_size, ..., split_kv]
-                return None
-            budgets.add(int(info[0]))
-        return budgets.pop() if len(budgets) == 1 else None
-
-    def load_batch(self, forward_batch, *args, **kwargs):
-        upstream_fill = self.__dict__.setdefault("_zp_upstream_fill", self.seq_len_fill_value)
-        fill = upstream_fill
-        raw_bs = forward_batch.batch_size
-        budget = self.__dict__.setdefault("_zp_budget", {})
-        padded = pad_to_bucket(raw_bs, self.capture_bs)
-        if padded and padded not in budget:
-            # a size's kernel is split-mode or not for good: read once, from its capture's plan
-            budget[padded] = budget_of(self, padded)
-            wrappers = getattr(self.attn_backend, "decode_cuda_graph_metadata", {}).get(padded) or []
-            print(f"[lab variant] zero-pad-decode: size {padded}: budget {budget[padded]} "
-                  f"(wrappers {[type(w).__name__ for w in wrappers]}, plan info "
-                  f"{[getattr(w, '_plan_info', None) for w in wrappers][:1]!r:.200})", file=sys.stderr, flush=True)
-        if getattr(self, "_lw_finished", False) and padded and padded > raw_bs and budget[padded]:
-            page = int(getattr(self.model_runner.server_args, "page_size", 1) or 1)
-            pages = [-(-int(n) // page) for n in forward_batch.seq_lens_cpu.tolist()]
-            if decode_plan.zero_padding_fits(pages, padded - raw_bs, budget[padded], page):
-                fill = 0
-        for name in ("seq_lens", "seq_lens_cpu"):
-            self.buffer_registry.get_slot(name).pad_value = fill
-        self.seq_len_fill_value = fill
-        try:
-            return original(self, forward_batch, *args, **kwargs)
-        finally:
-            self.seq_len_fill_value = upstream_fill
-
-    cls.load_batch = load_batch
-
-
 def _sum_order(order, rounded):
     def patch(module):
         from sum_orders import twin
@@ -144,7 +88,6 @@ PATCHES = {
     "no-warm-replay-metadata": ("sglang.sm120.runner.runners", _no_warm_replay_metadata),
     "no-overlap-schedule": ("sglang.srt.server_args", _no_overlap_schedule),
     "no-pinned-plan-wait": ("sglang.sm120.pinned_plan", _no_pinned_plan_wait),
-    "zero-pad-decode": ("sglang.sm120.runner.runners", _zero_pad_decode),
 }
 for _order in ("sequential", "tree", "butterfly", "pairs-butterfly", "quads-butterfly"):  # gpu_numerics.ORDERS
     PATCHES[f"sum-{_order}"] = ("sglang.sm120.runner.dynamo_free", _sum_order(_order, False))

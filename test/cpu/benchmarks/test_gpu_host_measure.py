@@ -58,9 +58,9 @@ def test_serving_steps_run_only_when_named(tmp_path):
     default = tmp_path / "default"
     default.mkdir()
     proc, calls = run(default)  # no steps named: the default list, without the serving session
-    # 14 steps; correctness-full runs nine processes, correctness-alone two, `kernels`
+    # 13 steps; correctness-full runs nine processes, correctness-alone two, `kernels`
     # kernels_check.sh (build, smoke, pytest: 3 calls), prefill-fa2 two
-    assert proc.returncode == 0 and len(calls) == 26
+    assert proc.returncode == 0 and len(calls) == 25
     # the whole correctness grid first (what #4 still has to show), one model alone twice, then
     # SM120's prefill plan, the runner
     assert all("test_layerwise_correctness.py" in c and "--basetemp" in c for c in calls[:11])
@@ -111,25 +111,6 @@ def test_kernels_step_builds_smokes_and_tests_without_the_quick_benchmark(tmp_pa
     assert [c.split()[:2] for c in calls] == [["-m", "forkbuild.kernels"], ["lab/kernels_smoke.py"],
                                               ["-m", "pytest"]]
     assert "bench: skipped (BENCH_CAP=0)" in (tmp_path / "res" / "kernels-check" / "summary.txt").read_text()
-
-
-def test_graph_memory_step_runs_the_probe_into_the_results(tmp_path):
-    proc, calls = run(tmp_path, "graph-memory")
-    assert proc.returncode == 0, proc.stdout
-    assert calls == [f"lab/graph_memory_probe.py --out {tmp_path / 'res' / 'graph-memory.json'}"]
-
-
-def test_graph_memory_probe_says_it_needs_a_gpu(tmp_path):
-    import sys
-
-    pytest.importorskip("torch")
-    import torch
-
-    if torch.cuda.is_available():
-        pytest.skip("a GPU is present: the probe would run")
-    proc = subprocess.run([sys.executable, str(REPO / "lab" / "graph_memory_probe.py"),
-                           "--out", str(tmp_path / "g.json")], capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 2 and "needs a CUDA GPU" in proc.stderr and not (tmp_path / "g.json").exists()
 
 
 def test_prefill_fa2_step_benchmarks_and_checks_correctness_under_the_switch(tmp_path):

@@ -59,24 +59,6 @@ def test_every_flag_parses_under_the_installed_sglang(monkeypatch):
         assert ns.enable_tokenizer_batch_encode and ns.disable_radix_cache, model
 
 
-def test_the_queue_steps_default_variants_parse_under_the_installed_sglang(monkeypatch):
-    """Every default variant of gpu_queue.sh's repeat-probe step names a built tiny model and
-    flags the installed upstream accepts, on top of the test servers' own."""
-    import re
-
-    from repo_scripts import REPO, load
-
-    probe = load("lab/repeat_probe.py")
-    text = (REPO / "benchmarks/gpu_queue.sh").read_text()
-    specs = re.search(r'REPEAT_PROBE_VARIANTS:-([^}]*)\}', text).group(1).split(";")
-    server = _server_module(monkeypatch, None)
-    assert len(specs) >= 2
-    for spec in specs:
-        v = probe.parse_variant(spec)
-        assert v["model"] in server.TINY_MODELS, spec
-        _parse_with_installed_sglang(server.server_args(v["model"]) + v["args"])
-
-
 def test_the_dsa_model_gets_its_flags_and_env_and_the_ordered_reduce_in_place_of_the_flag(monkeypatch):
     server = _server_module(monkeypatch, None)
     args = server.server_args("glm_moe_dsa-nvfp4")
