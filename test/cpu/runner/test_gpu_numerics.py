@@ -149,3 +149,33 @@ def test_the_kernels_compile_to_tritons_approximate_ops(cc):
     assert "ex2.approx" in ptx["sigmoid_kernel"] and "div.full.f32" in ptx["sigmoid_kernel"]
     assert "div.full.f32" in ptx["div_kernel"]
     assert not any("div.rn" in p for p in ptx.values())
+
+
+@pytest.mark.parametrize("experts,scale", [(16, 1.0), (256, 2.5)])
+def test_the_router_twin_gives_inductors_cpu_bits_with_the_cpu_numerics(cpu_stand_ins, experts, scale):
+    """The mode's machinery against a real compiled kernel: on the CPU, Inductor's sigmoid and
+    divisions are ATen's (the stand-ins compute them so), so the twin must give the CPU kernel's
+    bits once its order and constant division are Inductor's CPU choices (measured: a butterfly
+    sum, the constant division kept a division). GLM-4.5 / GLM-5 routing: one expert group, top-8
+    plus the fused shared expert. The GPU test finds the GPU's choices the same way."""
+    import dynamo_free_cases as dfc
+    from sglang.srt.layers.moe import topk as topk_mod
+
+    helper = topk_mod.biased_grouped_topk_impl
+    twin = gn.inductor_gpu_twin(helper.__wrapped_eager__, "butterfly", "div_full")
+    torch._dynamo.reset()
+    for tokens in (7, 33, 256):
+        g = torch.Generator().manual_seed(tokens * 131 + experts)
+        logits, bias = torch.randn(tokens, experts, generator=g) * 2, torch.randn(experts, generator=g) * 0.05
+        args = (torch.empty(tokens, 8), logits, bias, 9, True, 1, 1)
+        kwargs = dict(num_fused_shared_experts=1, routed_scaling_factor=scale,
+                      apply_routed_scaling_factor_on_output=False)
+        with dfc.mode(False):
+            compiled = helper(*args, **kwargs)
+        with dfc.mode(True):
+            plain = helper(*args, **kwargs)
+        got = twin(*args, **kwargs)
+        assert dfc.bitwise_equal(got, compiled), (tokens, dfc.differing(got, compiled))
+        assert torch.equal(plain[1], compiled[1])
+        if tokens == 256:  # the plain body is not the compiled kernel: the twin is what fixes it
+            assert not dfc.bitwise_equal(plain, compiled)
