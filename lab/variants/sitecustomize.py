@@ -15,11 +15,6 @@ NAME (one or more, comma-separated):
   compiled-helpers         Dynamo-free mode off in this process: upstream's torch.compile'd
                            helpers compile and run as under upstream's configuration (leave the
                            traps off: every call enters Dynamo)
-  sum-ORDER[-rounded]      Dynamo-free moe_sum_reduce sums the top-k outputs in fp32 in ORDER
-                           (sum_orders.py: sequential, tree, butterfly,
-                           pairs-butterfly, quads-butterfly), one rounding after the
-                           scale, or with -rounded the sum rounded first: candidates for the GPU's
-                           compiled kernel (test/gpu/test_dynamo_free_bits_gpu.py names the match)
   router-ORDER[-divfull]   the sigmoid routers (biased_grouped_topk_impl and kin) run their plain
                            bodies under Inductor's GPU numerics (runner/gpu_numerics.py: Triton's
                            sigmoid and division, sums in ORDER, a division by a number as a
@@ -60,14 +55,6 @@ def _compiled_helpers(module):
     module.dynamo_free = lambda: False
 
 
-def _sum_order(order, rounded):
-    def patch(module):
-        from sum_orders import twin
-
-        module.TWINS["moe_sum_reduce_torch_compile"] = lambda f: twin(order, rounded)
-    return patch
-
-
 # the sigmoid routers upstream torch.compiles (biased top-k fallbacks: GLM-4.5 / GLM-5 with the
 # shared expert fused into the top-k reach biased_grouped_topk_impl)
 SIGMOID_ROUTERS = ("biased_grouped_topk_impl", "biased_topk_impl", "kimi_k2_biased_topk_impl")
@@ -90,8 +77,6 @@ PATCHES = {
     "no-pinned-plan-wait": ("sglang.sm120.pinned_plan", _no_pinned_plan_wait),
 }
 for _order in ("sequential", "tree", "butterfly", "pairs-butterfly", "quads-butterfly"):  # gpu_numerics.ORDERS
-    PATCHES[f"sum-{_order}"] = ("sglang.sm120.runner.dynamo_free", _sum_order(_order, False))
-    PATCHES[f"sum-{_order}-rounded"] = ("sglang.sm120.runner.dynamo_free", _sum_order(_order, True))
     # the routers' plain bodies under Inductor's GPU numerics (gpu_numerics.inductor_gpu_twin)
     PATCHES[f"router-{_order}"] = ("sglang.sm120.runner.dynamo_free", _router_twin(_order, "reciprocal"))
     PATCHES[f"router-{_order}-divfull"] = ("sglang.sm120.runner.dynamo_free", _router_twin(_order, "div_full"))

@@ -1,8 +1,7 @@
 """Eager fp32 summations over dim 1 in the orders a Triton reduction may take (the product's
 runner/gpu_numerics.ORDERS), for matching the GPU's compiled `moe_sum_reduce_torch_compile` (sum of the top-k expert outputs, times the routed
-scaling factor, into a bf16 / fp16 `out`). Used by the lab variants `sum-ORDER[-rounded]`
-(sitecustomize.py) and by test/gpu/test_dynamo_free_bits_gpu.py, which reports which order gives
-the compiled bits.
+scaling factor, into a bf16 / fp16 `out`). Used by test/gpu/test_dynamo_free_bits_gpu.py, which
+reports which order gives the compiled bits should the twin ever miss them (on the H100 it did not).
 """
 from __future__ import annotations
 
@@ -21,11 +20,3 @@ def reduce(x, scale: float, order: str, rounded_before_scale: bool):
         s = s.to(x.dtype).float()
     return (s * scale).to(x.dtype)
 
-
-def twin(order: str, rounded_before_scale: bool):
-    """A stand-in for moe_sum_reduce_torch_compile(x, out, scale) summing in `order`."""
-
-    def moe_sum_reduce(x, out, routed_scaling_factor):
-        out.copy_(reduce(x, routed_scaling_factor, order, rounded_before_scale))
-
-    return moe_sum_reduce

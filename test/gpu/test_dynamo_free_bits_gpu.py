@@ -23,7 +23,7 @@ division by a number as a reciprocal product or as Triton's division) against th
 With SGLANG_SM120_RESULTS_DIR it writes dynamo-free-bits-gpu.json there: per case equal or not,
 and for each unequal one which eager summation order gives the compiled bits (lab/variants/
 sum_orders.py: sequential, pairwise tree, lane butterfly; the sum rounded before the scale or not):
-what the twin must do, and which lab variant (`sum-ORDER[-rounded]`) the same-tokens probe tries.
+what the twin must do; for the router, which candidate twin (the probe's `lw-exact-router-*`).
 
     SGLANG_SM120_RESULTS_DIR=$OUT PYTHONPATH=/tmp/site python3 -m pytest -q test/gpu/test_dynamo_free_bits_gpu.py
 """
@@ -95,7 +95,7 @@ def helper():
         pytest.fail("needs a CUDA GPU")
     from sglang.sm120 import upstream_api
 
-    return upstream_api.require("moe_sum_reduce_torch_compile")
+    return upstream_api.require("fused_moe.moe_sum_reduce_torch_compile")
 
 
 @pytest.mark.parametrize("topk", TOPK)

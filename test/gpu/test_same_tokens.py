@@ -135,9 +135,12 @@ def same_tokens(batches: List[dict], ref: List[List[List[int]]], got: List[List[
             if w == h:
                 cell["identical"] += 1
             elif len(cell["differ"]) < 10:
-                at = next((t for t, (x, y) in enumerate(zip(w, h)) if x != y), min(len(w), len(h)))
-                cell["differ"].append(f"{b['name']} request {i} token {at}")
+                cell["differ"].append(f"{b['name']} request {i} token {_first_difference(w, h)}")
     return out
+
+
+def _first_difference(want: List[int], have: List[int]) -> int:
+    return next((t for t, (x, y) in enumerate(zip(want, have)) if x != y), min(len(want), len(have)))
 
 
 def unexplained(batches: List[dict], off, upstream, got) -> Dict[str, dict]:
@@ -156,8 +159,7 @@ def unexplained(batches: List[dict], off, upstream, got) -> Dict[str, dict]:
                 continue
             cell["unexplained"] += 1
             if len(cell["differ"]) < 10:
-                at = next((t for t, (p, q) in enumerate(zip(x, z)) if p != q), min(len(x), len(z)))
-                cell["differ"].append(f"{b['name']} request {i} token {at}")
+                cell["differ"].append(f"{b['name']} request {i} token {_first_difference(x, z)}")
     return out
 
 

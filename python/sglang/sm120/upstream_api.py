@@ -241,8 +241,6 @@ ANCHORS: Dict[str, Dict[str, Optional[str]]] = {
     # runner/prewarm.py: sampling kernels and the Triton attention check it warms before capture
     "sampler": _both("sglang.srt.layers.sampler"),
     "support_triton": _both("sglang.srt.utils.common:support_triton"),
-    "moe_sum_reduce_torch_compile": _both(
-        "sglang.srt.layers.moe.moe_runner.triton_utils.fused_moe:moe_sum_reduce_torch_compile"),
     "compute_position_triton": _both("sglang.kernels.ops.attention.position:compute_position_triton"),
     "write_req_to_token_pool_triton": _both("sglang.kernels.ops.memory.common:write_req_to_token_pool_triton"),
     "alloc_extend_kernel": _both("sglang.kernels.ops.memory.allocator:alloc_extend_kernel"),

@@ -45,7 +45,7 @@ def test_ordered_sum_keeps_the_dim_and_refuses_unknown_orders():
     with pytest.raises(ValueError, match="summation order"):
         gn.ordered_sum(x, 1, "random")
     with pytest.raises(ValueError, match="constant_division"):
-        gn._Mode.make("tree", "exact")
+        gn.InductorGpuNumerics("tree", "exact")
 
 
 def test_the_kernels_refuse_cpu_tensors():
@@ -83,7 +83,7 @@ def cpu_stand_ins(monkeypatch):
 
 def test_the_mode_redirects_sigmoid_division_and_sums(cpu_stand_ins):
     x = torch.randn(4, 8)
-    with gn._Mode.make("quads-butterfly", "reciprocal"):
+    with gn.InductorGpuNumerics("quads-butterfly", "reciprocal"):
         s = x.sigmoid()
         q = s / s.sum(dim=-1, keepdim=True)
         r = s.sum(-1) / 2.5
@@ -103,7 +103,7 @@ def test_the_mode_redirects_sigmoid_division_and_sums(cpu_stand_ins):
 
 def test_a_division_by_a_number_as_triton_divides_when_asked(cpu_stand_ins):
     x = torch.randn(5)
-    with gn._Mode.make("tree", "div_full"):
+    with gn.InductorGpuNumerics("tree", "div_full"):
         y = x / 3.0
     assert cpu_stand_ins["div_full"] == 1
     assert torch.equal(y, x / torch.full_like(x, 3.0))

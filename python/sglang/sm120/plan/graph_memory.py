@@ -36,13 +36,17 @@ def load() -> dict:
     return json.loads(FIT_FILE.read_text())
 
 
+def _read_json(path: str) -> dict:
+    raw = Path(path).read_bytes()
+    return json.loads(gzip.decompress(raw) if str(path).endswith(".gz") else raw)
+
+
 def runs_from_results(paths: Iterable[str]) -> List[dict]:
     """(phase, sizes per kind, measured GB) of each configuration's capture in runner benchmark
     results (benchmarks/bench_runner.py): the graph memory a server paid per phase."""
     runs = []
     for path in map(str, paths):
-        raw = Path(path).read_bytes()
-        data = json.loads(gzip.decompress(raw) if path.endswith(".gz") else raw)
+        data = _read_json(path)
         for name, run in data["runs"].items():
             for phase in ("decode", "prefill"):
                 measured = run["capture_totals"][phase]["graph_mem_gb"]
@@ -65,7 +69,7 @@ def runs_from_plan_check(path: str) -> List[dict]:
     from the model's plan (plan-<model>.json beside it; checked equal to the server's), the graph
     memory its server paid (upstream's capture line plus the layerwise capture report)."""
     path = Path(path)
-    doc = json.loads(path.read_text())
+    doc = _read_json(path)
     runs = []
     for row in doc.get("models", []):
         verdict, dims = row.get("verdict"), row.get("model_dims")
@@ -135,8 +139,9 @@ def fit(runs: List[dict], ref: Optional[dict] = None) -> Dict[str, Dict[str, Dic
     for kind in sorted({k for r in runs if r["phase"] == "prefill" for k in r["sizes"]}):
         a = coef["decode"].get(kind, coef["decode"]["full"])["a"]
         pre = [r for r in runs if r["phase"] == "prefill" and set(r["sizes"]) == {kind}]
-        b = _lstsq([[_scales(r, ref)[1] * _largest(r["sizes"][kind])] for r in pre],
-                   [r["measured_gb"] - a * _scales(r, ref)[0] * len(r["sizes"][kind]) for r in pre])[0]
+        scales = [_scales(r, ref) for r in pre]
+        b = _lstsq([[width * _largest(r["sizes"][kind])] for r, (_, width) in zip(pre, scales)],
+                   [r["measured_gb"] - a * layers * len(r["sizes"][kind]) for r, (layers, _) in zip(pre, scales)])[0]
         coef["prefill"][kind] = {"a": a, "b": b}
     return coef
 
@@ -178,8 +183,7 @@ def main(argv=None) -> int:
         return 2
     runs, sources = [], []
     for path in argv[1:]:
-        raw = Path(path).read_bytes()
-        doc = json.loads(gzip.decompress(raw) if path.endswith(".gz") else raw)
+        doc = _read_json(path)
         if doc.get("benchmark") == "plan-check":
             runs += runs_from_plan_check(path)
             sources.append(f"plan-check on {doc.get('gpu')} (benchmarks/plan_check.py)")

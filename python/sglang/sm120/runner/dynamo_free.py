@@ -111,24 +111,19 @@ class _ConstantDivisionAsReciprocal:
     @classmethod
     def get(cls):
         if cls.mode is None:
-            import math
-
             import torch
             from torch.overrides import TorchFunctionMode
 
-            out_of_place = {torch.Tensor.__truediv__, torch.Tensor.div, torch.div,
-                            torch.Tensor.true_divide, torch.true_divide}
-            in_place = {torch.Tensor.__itruediv__, torch.Tensor.div_, torch.Tensor.true_divide_}
+            from .gpu_numerics import DIVISIONS, IN_PLACE_DIVISIONS, is_number, reciprocal
 
             class Mode(TorchFunctionMode):
                 def __torch_function__(self, func, types, args=(), kwargs=None):
                     kwargs = kwargs or {}
-                    if ((func in out_of_place or func in in_place) and len(args) == 2 and not kwargs
+                    if ((func in DIVISIONS or func in IN_PLACE_DIVISIONS) and len(args) == 2 and not kwargs
                             and isinstance(args[0], torch.Tensor) and args[0].is_floating_point()
-                            and isinstance(args[1], (int, float)) and not isinstance(args[1], bool)):
-                        d = args[1]
-                        r = math.copysign(math.inf, d) if d == 0 else 1.0 / d
-                        return args[0].mul_(r) if func in in_place else args[0].mul(r)
+                            and is_number(args[1])):
+                        r = reciprocal(args[1])
+                        return args[0].mul_(r) if func in IN_PLACE_DIVISIONS else args[0].mul(r)
                     return func(*args, **kwargs)
 
             cls.mode = Mode

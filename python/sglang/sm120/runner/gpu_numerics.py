@@ -12,13 +12,17 @@ Where a Triton kernel's fp32 result differs from ATen's:
 Additions and products of two values, gathers and top-k are the same in both.
 
 `sigmoid` and `div_full` run one-line Triton kernels of their own (plain @triton.jit: no Dynamo,
-no Inductor), built on first use: call `warm()` before anything is captured.
+no Inductor), built on first use: inside a forward, that is the runners' warm pass, before the
+traps arm.
 """
 from __future__ import annotations
 
 import functools
 import math
 from typing import Callable, Dict, List
+
+import torch
+from torch.overrides import TorchFunctionMode
 
 ORDERS = ("sequential", "tree", "butterfly", "pairs-butterfly", "quads-butterfly")
 BLOCK = 1024
@@ -40,8 +44,6 @@ def _tree(parts: List):  # neighbours first: ((0+1)+(2+3))+...
 def _butterfly(parts: List):
     """Lanes at distance n/2 first (a shuffle-xor reduction from the widest offset), the count
     padded to a power of two with zeros, as a masked lane holds."""
-    import torch
-
     n = 1
     while n < len(parts):
         n *= 2
@@ -95,8 +97,6 @@ def _kernels():
 
 
 def _fp32(t, name: str):
-    import torch
-
     if t.dtype != torch.float32 or not t.is_cuda:
         raise ValueError(f"{name}: expected a CUDA float32 tensor, got {t.dtype} on {t.device}")
     t = t.contiguous()
@@ -105,8 +105,6 @@ def _fp32(t, name: str):
 
 def sigmoid(x):
     """Triton's fp32 sigmoid (Inductor's `tl.sigmoid`) of a CUDA float32 tensor."""
-    import torch
-
     x = _fp32(x, "sigmoid")
     out = torch.empty_like(x)
     if x.numel():
@@ -116,23 +114,12 @@ def sigmoid(x):
 
 def div_full(a, b):
     """a / b as Triton divides fp32 (div.full.f32); b broadcast to a's shape."""
-    import torch
-
     a = _fp32(a, "div_full")
     b = _fp32(b.expand_as(a), "div_full")
     out = torch.empty_like(a)
     if a.numel():
         _kernels()[1][(-(-a.numel() // BLOCK),)](a, b, out, a.numel(), BLOCK=BLOCK)
     return out
-
-
-def warm(device="cuda") -> None:
-    """Build both kernels now (Triton compiles through ptxas: a subprocess), not during capture."""
-    import torch
-
-    x = torch.ones(4, dtype=torch.float32, device=device)
-    div_full(sigmoid(x), x)
-    torch.cuda.synchronize(device)
 
 
 # Inductor unrolls a reduction over fewer elements than this into one chain of adds in element
@@ -142,85 +129,78 @@ CONSTANT_DIVISIONS = ("reciprocal", "div_full")
 REDIRECTED_DEVICES = {"cuda"}  # the CPU tests add "cpu" with stand-ins for the two kernels
 
 
-class _Mode:
-    """A TorchFunctionMode (class built on first use: torch is imported lazily) that gives a
-    helper's plain body the fp32 results of Inductor's GPU kernel for the same ops: sigmoid and
-    tensor / tensor as Triton computes them, sums over one dimension in `order`, a division by
-    a Python number as a product with its reciprocal (`constant_division="reciprocal"`: the
-    number specialised into the kernel) or as div.full (`"div_full"`: the number passed in).
-    Only CUDA float32 operands are redirected; everything else runs as written."""
+# the tensor divisions a TorchFunctionMode sees, out of place and in place (dynamo_free's
+# constant-division mode redirects the same ones)
+DIVISIONS = {torch.Tensor.__truediv__, torch.Tensor.div, torch.div, torch.Tensor.true_divide, torch.true_divide}
+IN_PLACE_DIVISIONS = {torch.Tensor.__itruediv__, torch.Tensor.div_, torch.Tensor.true_divide_}
+_SIGMOIDS = {torch.sigmoid, torch.Tensor.sigmoid}
+_SUMS = {torch.sum, torch.Tensor.sum}
 
-    cls = None
 
-    @classmethod
-    def make(cls, order: str, constant_division: str):
+def reciprocal(d: float) -> float:
+    """1 / d as Inductor folds a division by the constant d into a product (d = 0: a signed inf)."""
+    return math.copysign(math.inf, d) if d == 0 else 1.0 / d
+
+
+def _fp32_redirected(t) -> bool:
+    return isinstance(t, torch.Tensor) and t.device.type in REDIRECTED_DEVICES and t.dtype == torch.float32
+
+
+def is_number(v) -> bool:
+    """A Python int or float (not a bool): what Inductor folds into a kernel as a constant."""
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+class InductorGpuNumerics(TorchFunctionMode):
+    """Gives a helper's plain body the fp32 results of Inductor's GPU kernel for the same ops:
+    sigmoid and tensor / tensor as Triton computes them, sums over one dimension in `order`, a
+    division by a Python number as a product with its reciprocal (`constant_division="reciprocal"`:
+    the number specialised into the kernel) or as div.full (`"div_full"`: the number passed in).
+    Only float32 operands on REDIRECTED_DEVICES are redirected; everything else runs as written."""
+
+    def __init__(self, order: str, constant_division: str):
         if order not in ORDERS or constant_division not in CONSTANT_DIVISIONS:
             raise ValueError(f"order must be one of {ORDERS} and constant_division one of "
                              f"{CONSTANT_DIVISIONS}, got {order!r}, {constant_division!r}")
-        if cls.cls is None:
-            cls.cls = cls._build()
-        return cls.cls(order, constant_division)
+        super().__init__()
+        self.order, self.constant_division = order, constant_division
 
-    @staticmethod
-    def _build():
-        import torch
-        from torch.overrides import TorchFunctionMode
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}  # (the mode is off inside its own handler)
+        out = self._redirect(func, args, kwargs)
+        return func(*args, **kwargs) if out is NotImplemented else out
 
-        sigmoids = {torch.sigmoid, torch.Tensor.sigmoid}
-        divisions = {torch.Tensor.__truediv__, torch.Tensor.div, torch.div, torch.Tensor.true_divide,
-                     torch.true_divide}
-        in_place = {torch.Tensor.__itruediv__, torch.Tensor.div_, torch.Tensor.true_divide_}
-        sums = {torch.sum, torch.Tensor.sum}
-
-        def fp32_cuda(t):
-            return (isinstance(t, torch.Tensor) and t.device.type in REDIRECTED_DEVICES
-                    and t.dtype == torch.float32)
-
-        def number(v):
-            return isinstance(v, (int, float)) and not isinstance(v, bool)
-
-        class Mode(TorchFunctionMode):
-            def __init__(self, order, constant_division):
-                super().__init__()
-                self.order, self.constant_division = order, constant_division
-
-            def __torch_function__(self, func, types, args=(), kwargs=None):
-                kwargs = kwargs or {}  # (the mode is off inside its own handler)
-                out = self._redirect(func, args, kwargs)
-                return func(*args, **kwargs) if out is NotImplemented else out
-
-            def _redirect(self, func, args, kwargs):
-                if func in sigmoids and len(args) == 1 and not kwargs and fp32_cuda(args[0]):
-                    return sigmoid(args[0])
-                if (func in divisions or func in in_place) and len(args) == 2 and not kwargs \
-                        and fp32_cuda(args[0]):
-                    a, b = args
-                    if fp32_cuda(b):
-                        q = div_full(*torch.broadcast_tensors(a, b))
-                    elif number(b) and self.constant_division == "reciprocal":
-                        q = a * (1.0 / b if b != 0 else math.copysign(math.inf, b))
-                    elif number(b):
-                        q = div_full(a, torch.full_like(a, b))
-                    else:
-                        return NotImplemented
-                    return a.copy_(q) if func in in_place else q
-                dim = args[1] if len(args) == 2 else kwargs.get("dim")
-                if func in sums and 1 <= len(args) <= 2 and fp32_cuda(args[0]) and isinstance(dim, int) \
-                        and kwargs.get("dtype") in (None, torch.float32) and set(kwargs) <= {"dim", "keepdim", "dtype"}:
-                    x = args[0]
-                    order = "sequential" if x.shape[dim] < UNROLLED_BELOW else self.order
-                    return ordered_sum(x, dim, order, keepdim=bool(kwargs.get("keepdim", False)))
+    def _redirect(self, func, args, kwargs):
+        if func in _SIGMOIDS and len(args) == 1 and not kwargs and _fp32_redirected(args[0]):
+            return sigmoid(args[0])
+        if (func in DIVISIONS or func in IN_PLACE_DIVISIONS) and len(args) == 2 and not kwargs \
+                and _fp32_redirected(args[0]):
+            a, b = args
+            if _fp32_redirected(b):
+                q = div_full(*torch.broadcast_tensors(a, b))
+            elif is_number(b) and self.constant_division == "reciprocal":
+                q = a * reciprocal(b)
+            elif is_number(b):
+                q = div_full(a, torch.full_like(a, b))
+            else:
                 return NotImplemented
-
-        return Mode
+            return a.copy_(q) if func in IN_PLACE_DIVISIONS else q
+        dim = args[1] if len(args) == 2 else kwargs.get("dim")
+        if func in _SUMS and 1 <= len(args) <= 2 and _fp32_redirected(args[0]) and isinstance(dim, int) \
+                and kwargs.get("dtype") in (None, torch.float32) and set(kwargs) <= {"dim", "keepdim", "dtype"}:
+            x = args[0]
+            order = "sequential" if x.shape[dim] < UNROLLED_BELOW else self.order
+            return ordered_sum(x, dim, order, keepdim=bool(kwargs.get("keepdim", False)))
+        return NotImplemented
 
 
 def inductor_gpu_twin(f: Callable, order: str, constant_division: str) -> Callable:
-    """f's plain body with the fp32 results of Inductor's GPU kernel (_Mode)."""
+    """f's plain body with the fp32 results of Inductor's GPU kernel (InductorGpuNumerics)."""
+    mode = InductorGpuNumerics(order, constant_division)  # a bad choice fails here, not at the first call
 
     @functools.wraps(f)
     def twin(*args, **kwargs):
-        with _Mode.make(order, constant_division):
+        with mode:
             return f(*args, **kwargs)
 
     return twin
