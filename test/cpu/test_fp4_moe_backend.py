@@ -437,6 +437,17 @@ def test_scratch_gives_views_of_shared_buffers_and_grows():
     assert bool(torch.isnan(c.float()).all())
 
 
+def test_a_scratch_made_for_bare_cuda_is_on_the_current_device(monkeypatch):
+    # the runner passes its device as 'cuda'; inputs are on 'cuda:N', and a scratch left on bare
+    # 'cuda' was refused at every lean sm120 step (H100, session 2026-12-05b: every row count's
+    # warm failed, replays fell back to padded rows on upstream's path)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 3)
+    assert kmoe.MoeScratch("cuda").device == torch.device("cuda", 3)
+    assert kmoe.MoeScratch("cuda:1").device == torch.device("cuda", 1)
+    assert kmoe.MoeScratch("cpu").device == torch.device("cpu")
+
+
 # ------------------------------------------------------------------------------------------------
 # the lean eager MoE step of an sm120 layer, against upstream's FusedMoE.forward_impl
 # ------------------------------------------------------------------------------------------------

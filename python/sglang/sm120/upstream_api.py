@@ -241,6 +241,7 @@ ANCHORS: Dict[str, Dict[str, Optional[str]]] = {
     # runner/prewarm.py: sampling kernels and the Triton attention check it warms before capture
     "sampler": _both("sglang.srt.layers.sampler"),
     "support_triton": _both("sglang.srt.utils.common:support_triton"),
+    "forward_batch_info.clamp_position": _both("sglang.srt.model_executor.forward_batch_info:clamp_position"),
     "compute_position_triton": _both("sglang.kernels.ops.attention.position:compute_position_triton"),
     "write_req_to_token_pool_triton": _both("sglang.kernels.ops.memory.common:write_req_to_token_pool_triton"),
     "alloc_extend_kernel": _both("sglang.kernels.ops.memory.allocator:alloc_extend_kernel"),

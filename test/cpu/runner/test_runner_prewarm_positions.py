@@ -56,3 +56,25 @@ def test_the_warm_step_runs_before_the_traps_arm():
 
     src = inspect.getsource(startup.finish)
     assert src.index("warm_extend_positions(model_runner)") < src.index("traps.arm_from_env")
+
+
+def test_the_decode_positions_kernel_is_built_per_seq_lens_dtype(monkeypatch):
+    # ForwardBatch.init_new's decode positions: upstream's JIT clamp_position, one module per
+    # dtype; the captured decode never builds a ForwardBatch, so on a cold cache the first real
+    # decode ran ninja after the traps armed (H100, session 2026-12-05b)
+    import torch
+
+    F = pytest.importorskip("sglang.srt.model_executor.forward_batch_info")
+    dtypes = []
+    monkeypatch.setattr(F, "clamp_position", lambda seq_lens: dtypes.append(seq_lens.dtype))
+    prewarm.warm_decode_positions(_runner("flashinfer"))
+    assert dtypes == [torch.int32, torch.int64]
+
+
+def test_the_decode_positions_warm_step_runs_before_the_traps_arm():
+    import inspect
+
+    from sglang.sm120.runner import startup
+
+    src = inspect.getsource(startup.finish)
+    assert src.index("warm_decode_positions(model_runner)") < src.index("traps.arm_from_env")

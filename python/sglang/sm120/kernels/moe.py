@@ -219,6 +219,14 @@ def _check_routing(hidden_states, topk_ids, topk_weights, experts: PackedExperts
     return dev, t, topk_ids.shape[1]
 
 
+def _indexed(device: torch.device) -> torch.device:
+    """'cuda' as the device index it allocates on: the inputs' devices always carry one, and the
+    runner passes its device as the bare 'cuda' (the lean steps' scratch was refused for that)."""
+    if device.type == "cuda" and device.index is None and torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
 class MoeScratch:
     """Reusable scratch of moe_w4a16 calls (sorted rows, work list and count, activations, per-slot
     outputs): flat buffers per role on one device, grown to the largest call seen; each call takes
@@ -226,7 +234,7 @@ class MoeScratch:
     stream (the layers of a model); calls that may overlap need one each."""
 
     def __init__(self, device) -> None:
-        self.device = torch.device(device)
+        self.device = _indexed(torch.device(device))
         self._flat = {}
 
     def take(self, role: str, shape, dtype: torch.dtype) -> torch.Tensor:

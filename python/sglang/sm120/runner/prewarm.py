@@ -7,6 +7,10 @@ requests and would JIT-compile (a compiler subprocess) after capture:
   - the extend batch's positions (Triton `compute_position_kernel`, from ForwardBatch.init_new:
     the runners' dummy batches are built without it, so the server's own warm-up request
     compiled it after capture on a cold cache; one kernel per `has_prefix`);
+  - the decode batch's positions (upstream's JIT `clamp_position`, also from ForwardBatch.init_new:
+    the captured decode forward never builds a ForwardBatch, so the first real decode built it
+    after capture on a cold cache: ninja, caught by the strict traps on the H100, session
+    2026-12-05b); one module per `seq_lens` dtype, so int32 and int64 are both built;
   - the scheduler's KV-index write for extend batches (Triton `write_req_to_token_pool_triton`):
     Triton specialises on 16-byte pointer alignment, and `out_cache_loc` is
     a slice of the allocator's free list at any offset, so both alignments are built;
@@ -179,6 +183,20 @@ def warm_extend_positions(model_runner) -> None:
             torch.cuda.synchronize()
     except Exception as e:  # noqa: BLE001
         logger.warning("layerwise: could not pre-build the extend positions kernel: %s", e)
+
+
+def warm_decode_positions(model_runner) -> None:
+    try:
+        from sglang.sm120 import upstream_api
+
+        clamp_position = upstream_api.require("forward_batch_info.clamp_position")
+        device = torch.device(model_runner.device)
+        for dtype in (torch.int32, torch.int64):
+            clamp_position(torch.ones(2, dtype=dtype, device=device))
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+    except Exception as e:  # noqa: BLE001
+        logger.warning("layerwise: could not pre-build the decode positions kernel: %s", e)
 
 
 def _uses_flashinfer(server_args) -> bool:

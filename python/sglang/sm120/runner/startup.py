@@ -38,14 +38,15 @@ def finish(model_runner) -> None:
     runners = _PENDING.pop(id(model_runner), [])
     if not runners:
         return
-    from .prewarm import (join_background_builds, warm_dsa_index_gather, warm_extend_positions,
-                          warm_flashinfer_kv_indices, warm_flashinfer_mla_prefill, warm_kv_index_writes,
-                          warm_merge_state, warm_paged_allocator, warm_sampling)
+    from .prewarm import (join_background_builds, warm_decode_positions, warm_dsa_index_gather,
+                          warm_extend_positions, warm_flashinfer_kv_indices, warm_flashinfer_mla_prefill,
+                          warm_kv_index_writes, warm_merge_state, warm_paged_allocator, warm_sampling)
 
     join_background_builds()
     warm_sampling(model_runner)
     warm_merge_state(model_runner)
     warm_extend_positions(model_runner)
+    warm_decode_positions(model_runner)
     warm_kv_index_writes(model_runner)
     warm_flashinfer_kv_indices(model_runner)
     warm_paged_allocator(model_runner)
