@@ -126,12 +126,12 @@ def render(repo: Path = REPO) -> str:
         "do not edit by hand (`test/cpu/benchmarks/test_results_files.py` fails when this page is stale).",
         "One row per benchmark: its headline targets (value, then target), how many of all its",
         "targets were met, where and on which upstream base it ran, the commit measured and the file.",
-        "Every target of each benchmark is listed below the table. No SM120 GPU has run this code;",
+        "What each measures and every target are in its section below the table. No SM120 GPU has run this code;",
         "base 0.5.23 has run only the CPU suite. Earlier and superseded runs:",
         "[history.md](history.md#old-records).",
         "",
-        "| benchmark | what it measures | value vs target | met | hardware | base | commit | file |",
-        "|---|---|---|---|---|---|---|---|",
+        "| benchmark | value vs target | met | hardware | base | commit | file |",
+        "|---|---|---|---|---|---|---|",
     ]
     details = []
     for e in entries:
@@ -144,7 +144,7 @@ def render(repo: Path = REPO) -> str:
         shown = e.get("md") or e["file"]
         link = f"[{Path(shown).name}](../{shown})"
         lines.append("| " + " | ".join(_cell(c) for c in (
-            f"[{e['name']}](#{e['name'].lower()})", e["measures"], head, verdict, e["hardware"],
+            f"[{e['name']}](#{e['name'].lower()})", head, verdict, e["hardware"],
             e["base"], commit_of(e, doc), link)) + " |")
         details += ["", f"## {e['name']}", "", e["measures"] + ".", "",
                     f"- produced by: `{e['command']}`",

@@ -154,7 +154,7 @@ def _memory_model() -> dict:
     errs = graph_memory.errors(fitted)
     return {"label": "estimate", "fitted_on": fitted["fitted_on"],
             "largest_error_on_fit_runs": max(abs(e["error"]) for e in errs), "runs": len(errs),
-            "scaled_by": "layers (per-size part) and hidden size (per-row part) of this model"}
+            "scaled_by": "layers x hidden size of this model (the per-layer activation part only)"}
 
 
 def _warnings(plan: dict) -> List[str]:

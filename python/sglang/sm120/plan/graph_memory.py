@@ -1,21 +1,22 @@
-"""Graph memory per phase, ESTIMATED from a model fitted to H200 measurements.
+"""Graph memory per phase, ESTIMATED from a model fitted to measured captures.
 
 Per backend kind k (full / layerwise / breakable) a phase's captures cost
-    a_k * (number of captured sizes) + b_k * (largest captured size):
-a is what every captured size pays whatever its batch (the graphs' own memory, outside torch's
-allocator; a layerwise size holds one graph per segment), b * size what the graph pool and the
-batch-sized buffers take, which the largest size, captured first, sets and the smaller ones reuse.
-Coefficients are least-squares fits (a coefficient that comes out negative is held at 0) to the
-graph memory a server paid per phase (upstream's capture log line plus the layerwise capture
-report) in the runs listed in graph_memory_fit.json: Qwen3-30B-A3B shapes, bf16, TP 1, one H200.
-Prefill has one measured bucket set per backend, so there a_k is the decode value of the same
-kind and only b_k is fitted. Other models are extrapolated: a by their layer count, b by their
-hidden size, relative to the fit model.
+    a_k * (captured sizes) + b_k * (largest size) + c_k * s * (largest size),
+s = (layers * hidden size) of the model relative to the fit model's (Qwen3-30B-A3B: 48 x 2048).
+a is what every captured size pays whatever the model (the graphs and per-size buffers outside
+torch's allocator), b * size the batch-sized buffers every model has, c * s * size the per-layer
+activations of the largest size, which is captured first and whose pool the smaller sizes reuse.
+The model-independent terms are there because the tiny models (3-4 layers, width 256) paid about
+the graph memory Qwen3-30B-A3B shapes paid at the same decode sizes (1.07-1.21 GB against 1.24 GB,
+plan-check on an H100 and the runner benchmark on an H200, base 0.5.16): scaling everything by the
+model, as the first fit did, put the tiny models at a tenth of what they paid.
+Coefficients are least-squares fits (a coefficient that comes out negative is held at 0), decode
+over every run, prefill per kind over that kind's runs, to the graph memory a server paid per phase
+(upstream's capture log line plus the layerwise capture report) in the runs listed in
+graph_memory_fit.json.
 `python -m sglang.sm120.plan.graph_memory --refit <results.json>...` rewrites the data file from
 runner benchmark results (Qwen3-30B-A3B shapes) and plan-check results (benchmarks/plan_check.py:
-the tiny models and the Qwen3 shapes, each run with its model's layers and hidden size); a run of
-another model enters the fit with its a and b columns scaled by its layers and width, the same
-scaling the estimate applies.
+each model's runs with its layers and hidden size).
 """
 from __future__ import annotations
 
@@ -116,44 +117,40 @@ def _lstsq(rows: List[List[float]], ys: List[float]) -> List[float]:
         keep.pop(int(np.argmin(c)))
 
 
-def _scales(run: dict, ref: Optional[dict]):
-    """(layers, width) of the run's model relative to the fit model (1, 1 for the fit model)."""
-    m = run.get("model")
-    if not m or not ref:
-        return 1.0, 1.0
-    return m["num_hidden_layers"] / ref["num_hidden_layers"], m["hidden_size"] / ref["hidden_size"]
+def _scale(model: Optional[dict], ref: dict) -> float:
+    """(layers x hidden size) of `model` relative to the fit model (1 for the fit model)."""
+    m = model or ref
+    return (m.get("num_hidden_layers", ref["num_hidden_layers"]) * m.get("hidden_size", ref["hidden_size"])
+            / (ref["num_hidden_layers"] * ref["hidden_size"]))
 
 
-def fit(runs: List[dict], ref: Optional[dict] = None) -> Dict[str, Dict[str, Dict[str, float]]]:
-    """Coefficients {phase: {kind: {a, b}}} in GB (a per captured size, b per row of the largest),
-    for the model `ref` (layers, hidden size); runs of other models scale their columns."""
+def _columns(sizes: List[int], scale: float) -> List[float]:
+    return [len(sizes), _largest(sizes), scale * _largest(sizes)]
+
+
+def fit(runs: List[dict], ref: dict) -> Dict[str, Dict[str, Dict[str, float]]]:
+    """Coefficients {phase: {kind: {a, b, c}}} in GB (a per captured size, b per row of the
+    largest, c per row of the largest scaled by the model), for the fit model `ref`."""
+    coef: Dict[str, Dict[str, Dict[str, float]]] = {"decode": {}, "prefill": {}}
     decode = [r for r in runs if r["phase"] == "decode"]
     kinds = sorted({k for r in decode for k in r["sizes"]})
-    rows = []
-    for r in decode:
-        layers, width = _scales(r, ref)
-        rows.append([v for k in kinds for v in (layers * len(r["sizes"].get(k, [])),
-                                                 width * _largest(r["sizes"].get(k, [])))])
-    c = _lstsq(rows, [r["measured_gb"] for r in decode])
-    coef = {"decode": {k: {"a": c[2 * i], "b": c[2 * i + 1]} for i, k in enumerate(kinds)}, "prefill": {}}
+    c = _lstsq([[v for k in kinds for v in _columns(r["sizes"].get(k, []), _scale(r.get("model"), ref))]
+                for r in decode], [r["measured_gb"] for r in decode])
+    coef["decode"] = {k: dict(zip("abc", c[3 * i:3 * i + 3])) for i, k in enumerate(kinds)}
     for kind in sorted({k for r in runs if r["phase"] == "prefill" for k in r["sizes"]}):
-        a = coef["decode"].get(kind, coef["decode"]["full"])["a"]
         pre = [r for r in runs if r["phase"] == "prefill" and set(r["sizes"]) == {kind}]
-        scales = [_scales(r, ref) for r in pre]
-        b = _lstsq([[width * _largest(r["sizes"][kind])] for r, (_, width) in zip(pre, scales)],
-                   [r["measured_gb"] - a * layers * len(r["sizes"][kind]) for r, (layers, _) in zip(pre, scales)])[0]
-        coef["prefill"][kind] = {"a": a, "b": b}
+        c = _lstsq([_columns(r["sizes"][kind], _scale(r.get("model"), ref)) for r in pre],
+                   [r["measured_gb"] for r in pre])
+        coef["prefill"][kind] = dict(zip("abc", c))
     return coef
 
 
 def estimate_gb(phase: str, sizes: Dict[str, List[int]], model: Optional[dict] = None,
                 fitted: Optional[dict] = None) -> Optional[float]:
     """GB a phase's captures would take (an estimate), or None for a backend never measured.
-    `model`: hf config dict of the served model (scales a by layers and b by hidden size)."""
+    `model`: hf config dict of the served model (its layers and hidden size scale the c term)."""
     fitted = fitted or load()
-    ref = fitted["model"]
-    layers = (model or ref).get("num_hidden_layers", ref["num_hidden_layers"]) / ref["num_hidden_layers"]
-    width = (model or ref).get("hidden_size", ref["hidden_size"]) / ref["hidden_size"]
+    scale = _scale(model, fitted["model"])
     total = 0.0
     for kind, ss in sizes.items():
         if not ss:
@@ -161,7 +158,7 @@ def estimate_gb(phase: str, sizes: Dict[str, List[int]], model: Optional[dict] =
         c = fitted["coefficients"][phase].get(kind)
         if c is None:
             return None
-        total += c["a"] * layers * len(ss) + c["b"] * width * _largest(ss)
+        total += sum(coef * col for coef, col in zip((c["a"], c["b"], c["c"]), _columns(ss, scale)))
     return total
 
 
@@ -197,7 +194,9 @@ def main(argv=None) -> int:
         "model": ref,
         "coefficients": fit(runs, ref), "runs": runs,
     }
-    FIT_FILE.write_text(json.dumps(data, indent=1) + "\n")
+    head = json.dumps({k: v for k, v in data.items() if k != "runs"}, indent=1)[:-2]
+    runs = ",\n  ".join(json.dumps(r, separators=(",", ":")) for r in runs)
+    FIT_FILE.write_text(f'{head},\n "runs": [\n  {runs}\n ]\n}}\n')  # a run per line
     for e in errors(data):
         print(json.dumps(e))
     return 0
