@@ -63,11 +63,6 @@ VARIANTS: Dict[str, tuple] = {
     # row's included, so a padded size may split a long request's KV where eager does not
     "upstream-1024": ("upstream's full decode graphs up to 1024 (padded sizes above 256 too)",
                       ["--cuda-graph-max-bs-decode", "1024"], {}),
-    # attention planned on the real batch at padded sizes: upstream's breakable graphs for decode
-    # (attention an eager break), the mechanism layerwise prefill uses, as a candidate for decode
-    # above the full-graph ceiling
-    "upstream-breakable-1024": ("upstream's breakable decode graphs up to 1024 (attention an eager break)",
-                                ["--cuda-graph-backend-decode", "breakable", "--cuda-graph-max-bs-decode", "1024"], {}),
     "upstream-exact": ("upstream's full decode graphs at exactly the probe's batch sizes (no padding)",
                        ["--cuda-graph-bs-decode", *map(str, BATCH_SIZES)], {}),
     "lw-exact": ("seed, decode sizes exactly the probe's batch sizes (no padding; layerwise above 256)",
@@ -78,13 +73,18 @@ VARIANTS: Dict[str, tuple] = {
 }
 # candidates for the compiled sigmoid router's numerics (lab variants router-ORDER[-divfull]:
 # runner/gpu_numerics.py), run only when named: test/gpu/test_dynamo_free_bits_gpu.py says which
-# give the compiled bits (moe_sum_reduce's twin gave them already: session 13)
+# give the compiled bits; with -sum-ORDER moe_sum_reduce's twin sums in ORDER too (top-k 9: the
+# shared expert fused into the top-k, not yet measured; top-k 2..8 gave the compiled bits)
+ORDERS = ("sequential", "tree", "butterfly", "pairs-butterfly", "quads-butterfly")  # gpu_numerics.ORDERS
 NAMED_ONLY = {f"lw-exact-router-{o}{d}": (f"lw-exact with the sigmoid router under Inductor's GPU numerics, "
                                           f"sums {o}-wise{', a division by a number as Triton divides' if d else ''}",
                                           _LAYERWISE + ["--cuda-graph-bs-decode", *map(str, BATCH_SIZES)],
                                           {"SGLANG_SM120_LAB_VARIANT": f"router-{o}{d}"})
-              for o in ("sequential", "tree", "butterfly", "pairs-butterfly", "quads-butterfly")
-              for d in ("", "-divfull")}
+              for o in ORDERS for d in ("", "-divfull")}
+NAMED_ONLY.update({f"lw-exact-router-butterfly-sum-{o}": (
+    f"lw-exact-router-butterfly with moe_sum_reduce's twin summing {o}-wise",
+    _LAYERWISE + ["--cuda-graph-bs-decode", *map(str, BATCH_SIZES)],
+    {"SGLANG_SM120_LAB_VARIANT": f"router-butterfly,sum-{o}"}) for o in ORDERS})
 VARIANTS.update(NAMED_ONLY)
 
 

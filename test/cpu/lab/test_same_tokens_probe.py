@@ -52,7 +52,11 @@ def test_variant_selection():
     assert probe.select_variants("off-a,lw-exact-router-tree") == ["off-a", "lw-exact-router-tree"]
     # each named-only variant names a lab variant sitecustomize knows
     site = load("lab/variants/sitecustomize.py")
-    assert all(env["SGLANG_SM120_LAB_VARIANT"] in site.PATCHES for _, _, env in probe.NAMED_ONLY.values())
+    assert all(set(env["SGLANG_SM120_LAB_VARIANT"].split(",")) <= set(site.PATCHES)
+               for _, _, env in probe.NAMED_ONLY.values())
+    from sglang.sm120.runner import gpu_numerics
+
+    assert probe.ORDERS == tuple(gpu_numerics.ORDERS)
     assert probe.select_variants("off-a, seed") == ["off-a", "seed"]
     with pytest.raises(SystemExit, match="unknown"):
         probe.select_variants("off-a,bogus")
