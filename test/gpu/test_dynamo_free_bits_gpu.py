@@ -48,6 +48,13 @@ TOPK = (9, 8, 6, 4, 2)
 TOKENS = (1, 7, 17, 32)
 WIDTHS = (256, 7168)  # tiny models, GLM-5 / DeepSeek (each width x scale x top-k compiles twice)
 SCALES = (2.5, 1.0)
+# Inductor compiles a dynamic-shape kernel with the first call's sizes as hints, and its launch
+# configuration (so, possibly, how a reduction's elements spread over a thread's registers and
+# the lanes: the summation order) follows the hints. A server's first call is its first capture
+# or warm-up size, not the test's: each case is therefore compiled after each of these first
+# calls (token counts; () = the cases' own order, the first dynamic compile at the second count).
+SUM_FIRST_CALLS = ((), (32,))
+ROUTER_FIRST_CALLS = ((), (2048,), (8192,))
 RESULTS: dict = {}
 
 
@@ -103,23 +110,24 @@ def helper():
 @pytest.mark.parametrize("topk", TOPK)
 def test_moe_sum_reduce_twin_gives_the_compiled_bits(helper, topk):
     failures = []
-    for width in WIDTHS:
-        for scale in SCALES:
-            # a server's helper sees one top-k and width and many token counts: Dynamo compiles it
-            # for the first count, then with the count dynamic; varying top-k or width in one
-            # Dynamo cache would make them dynamic too (another reduction kernel), so start afresh
-            torch._dynamo.reset()
-            for tokens in TOKENS:
-                x = _inputs(tokens, topk, width, seed=tokens * 7919 + width + topk)
-                compiled = _run(helper, x, scale, dynamo_free=False)
-                eager = _run(helper, x, scale, dynamo_free=True)
-                key = f"topk{topk} tokens{tokens} width{width} scale{scale}"
-                equal = dfc.bitwise_equal(eager, compiled)
-                RESULTS[key] = {"equal": equal}
-                if not equal:
-                    RESULTS[key]["differing_values"] = int((eager != compiled).sum())
-                    RESULTS[key]["orders_giving_the_compiled_bits"] = _matching_orders(x, scale, compiled)
-                    failures.append(key)
+    for width, scale, first in ((w, s, f) for w in WIDTHS for s in SCALES for f in SUM_FIRST_CALLS):
+        # a server's helper sees one top-k and width and many token counts: Dynamo compiles it
+        # for the first count, then with the count dynamic; varying top-k or width in one
+        # Dynamo cache would make them dynamic too (another reduction kernel), so start afresh
+        torch._dynamo.reset()
+        for tokens in first:
+            _run(helper, _inputs(tokens, topk, width, seed=1), scale, dynamo_free=False)
+        for tokens in TOKENS:
+            x = _inputs(tokens, topk, width, seed=tokens * 7919 + width + topk)
+            compiled = _run(helper, x, scale, dynamo_free=False)
+            eager = _run(helper, x, scale, dynamo_free=True)
+            key = f"topk{topk} tokens{tokens} width{width} scale{scale}" + "".join(f" first{t}" for t in first)
+            equal = dfc.bitwise_equal(eager, compiled)
+            RESULTS[key] = {"equal": equal}
+            if not equal:
+                RESULTS[key]["differing_values"] = int((eager != compiled).sum())
+                RESULTS[key]["orders_giving_the_compiled_bits"] = _matching_orders(x, scale, compiled)
+                failures.append(key)
     _write()
     assert not failures, "Dynamo-free moe_sum_reduce differs from the compiled one at: " + "; ".join(
         f"{k} ({RESULTS[k]['differing_values']} values; compiled bits from: "
@@ -129,7 +137,7 @@ def test_moe_sum_reduce_twin_gives_the_compiled_bits(helper, topk):
 # (experts, top-k with the fused shared expert, routed scaling factor): the tiny glm4_moe, GLM-4.5
 # (160 routed experts), GLM-5 (256); one expert group, as those configs have
 ROUTERS = ((16, 9, 1.0), (160, 9, 2.5), (256, 9, 2.5))
-ROUTER_TOKENS = (1, 7, 33, 256, 1024)
+ROUTER_TOKENS = (1, 7, 33, 256, 1024, 4096)  # 4096: a prefill chunk
 
 
 def _router_inputs(tokens: int, experts: int, seed: int):
@@ -158,15 +166,18 @@ def test_sigmoid_router_gives_the_compiled_bits():
     candidates = {f"{o}, constant division {c}": gpu_numerics.inductor_gpu_twin(plain, o, c)
                   for o in gpu_numerics.ORDERS for c in gpu_numerics.CONSTANT_DIVISIONS}
     failures = []
-    for experts, topk, scale in ROUTERS:
+    for (experts, topk, scale), first in ((r, f) for r in ROUTERS for f in ROUTER_FIRST_CALLS):
         torch._dynamo.reset()  # one server's router: one shape family, the token count dynamic
+        with dfc.mode(False):
+            for tokens in first:
+                _route(helper, _router_inputs(tokens, experts, seed=1), topk, scale)
         for tokens in ROUTER_TOKENS:
             x = _router_inputs(tokens, experts, seed=tokens * 131 + experts)
             with dfc.mode(False):
                 compiled = _route(helper, x, topk, scale)
             with dfc.mode(True):
                 eager = _route(helper, x, topk, scale)
-            key = f"router experts{experts} topk{topk} scale{scale} tokens{tokens}"
+            key = f"router experts{experts} topk{topk} scale{scale} tokens{tokens}" + "".join(f" first{t}" for t in first)
             equal = dfc.bitwise_equal(eager, compiled)
             RESULTS[key] = {"equal": equal, "ids_equal": bool(torch.equal(eager[1], compiled[1]))}
             if not equal:
