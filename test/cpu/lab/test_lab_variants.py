@@ -71,16 +71,16 @@ def test_a_router_variant_puts_the_numerics_twin_on_every_sigmoid_router(monkeyp
 def test_a_sum_variant_makes_moe_sum_reduce_sum_in_its_order(monkeypatch):
     monkeypatch.delenv("SGLANG_SM120_LAB_VARIANT", raising=False)
     site, so = load("sitecustomize"), load("sum_orders")
-    module_name, patch = site.PATCHES["sum-sequential"]
-    assert module_name == "sglang.sm120.runner.dynamo_free"
-    fake = SimpleNamespace(TWINS={})
-    patch(fake)
-    twin = fake.TWINS["moe_sum_reduce_torch_compile"](None)
     # 1 then eight values of 2^-24 (top-k 9): added one by one each is lost, in a tree they survive
     x = torch.tensor([[1.0] + [2.0 ** -24] * 8]).reshape(1, 9, 1).to(torch.float32)
+    got = {}
     for order in ("sequential", "butterfly"):
-        site.PATCHES[f"sum-{order}"][1](fake)
+        module_name, patch = site.PATCHES[f"sum-{order}"]
+        assert module_name == "sglang.sm120.runner.dynamo_free"
+        fake = SimpleNamespace(TWINS={})
+        patch(fake)
         out = torch.empty(1, 1)
         fake.TWINS["moe_sum_reduce_torch_compile"](None)(x, out, 2.5)
         assert torch.equal(out, so.reduce(x, 2.5, order, False))
-    assert float(out) > 2.5 and twin is not fake.TWINS["moe_sum_reduce_torch_compile"](None)
+        got[order] = float(out)
+    assert got["sequential"] == 2.5 and got["butterfly"] > 2.5

@@ -194,9 +194,10 @@ def main(argv=None) -> int:
         "model": ref,
         "coefficients": fit(runs, ref), "runs": runs,
     }
-    head = json.dumps({k: v for k, v in data.items() if k != "runs"}, indent=1)[:-2]
-    runs = ",\n  ".join(json.dumps(r, separators=(",", ":")) for r in runs)
-    FIT_FILE.write_text(f'{head},\n "runs": [\n  {runs}\n ]\n}}\n')  # a run per line
+    # indented, but a run per line (a run's size lists would take a line per number)
+    head = json.dumps({k: v for k, v in data.items() if k != "runs"}, indent=1)
+    run_lines = ",\n  ".join(json.dumps(r, separators=(",", ":")) for r in runs)
+    FIT_FILE.write_text(head.removesuffix("\n}") + ',\n "runs": [\n  ' + run_lines + "\n ]\n}\n")
     for e in errors(data):
         print(json.dumps(e))
     return 0
