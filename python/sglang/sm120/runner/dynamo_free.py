@@ -114,7 +114,7 @@ class _ConstantDivisionAsReciprocal:
             import torch
             from torch.overrides import TorchFunctionMode
 
-            from .gpu_numerics import DIVISIONS, IN_PLACE_DIVISIONS, is_number, reciprocal
+            from .gpu_numerics import DIVISIONS, IN_PLACE_DIVISIONS, is_number, times_reciprocal
 
             class Mode(TorchFunctionMode):
                 def __torch_function__(self, func, types, args=(), kwargs=None):
@@ -122,8 +122,7 @@ class _ConstantDivisionAsReciprocal:
                     if ((func in DIVISIONS or func in IN_PLACE_DIVISIONS) and len(args) == 2 and not kwargs
                             and isinstance(args[0], torch.Tensor) and args[0].is_floating_point()
                             and is_number(args[1])):
-                        r = reciprocal(args[1])
-                        return args[0].mul_(r) if func in IN_PLACE_DIVISIONS else args[0].mul(r)
+                        return times_reciprocal(func, *args)
                     return func(*args, **kwargs)
 
             cls.mode = Mode

@@ -142,6 +142,13 @@ def reciprocal(d: float) -> float:
     return math.copysign(math.inf, d) if d == 0 else 1.0 / d
 
 
+def times_reciprocal(func, a, d: float):
+    """a / d (d a Python number) as Inductor's GPU kernel computes it: a times 1 / d, in place for
+    an in-place division."""
+    r = reciprocal(d)
+    return a.mul_(r) if func in IN_PLACE_DIVISIONS else a.mul(r)
+
+
 def _fp32_redirected(t) -> bool:
     return isinstance(t, torch.Tensor) and t.device.type in REDIRECTED_DEVICES and t.dtype == torch.float32
 
@@ -176,10 +183,10 @@ class InductorGpuNumerics(TorchFunctionMode):
         if (func in DIVISIONS or func in IN_PLACE_DIVISIONS) and len(args) == 2 and not kwargs \
                 and _fp32_redirected(args[0]):
             a, b = args
+            if is_number(b) and self.constant_division == "reciprocal":
+                return times_reciprocal(func, a, b)
             if _fp32_redirected(b):
                 q = div_full(*torch.broadcast_tensors(a, b))
-            elif is_number(b) and self.constant_division == "reciprocal":
-                q = a * reciprocal(b)
             elif is_number(b):
                 q = div_full(a, torch.full_like(a, b))
             else:
