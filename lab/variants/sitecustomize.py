@@ -73,10 +73,10 @@ def _router_twin(order, constant_division):
 
 def _sum_twin(order):
     def patch(module):
-        from sum_orders import reduce
+        from sglang.sm120.runner.gpu_numerics import ordered_sum
 
-        def twin(x, out, routed_scaling_factor):
-            out.copy_(reduce(x, routed_scaling_factor, order, rounded_before_scale=False))
+        def twin(x, out, routed_scaling_factor):  # sum_orders.reduce with one rounding
+            out.copy_(ordered_sum(x, 1, order).mul_(routed_scaling_factor))
         module.TWINS["moe_sum_reduce_torch_compile"] = lambda f: twin
     return patch
 

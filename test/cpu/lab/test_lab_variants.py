@@ -70,7 +70,6 @@ def test_a_router_variant_puts_the_numerics_twin_on_every_sigmoid_router(monkeyp
 
 def test_a_sum_variant_makes_moe_sum_reduce_sum_in_its_order(monkeypatch):
     monkeypatch.delenv("SGLANG_SM120_LAB_VARIANT", raising=False)
-    monkeypatch.syspath_prepend(str(VARIANTS))  # as in a GPU run: the folder is on PYTHONPATH
     site, so = load("sitecustomize"), load("sum_orders")
     # 1 then eight values of 2^-24 (top-k 9): added one by one each is lost, in a tree they survive
     x = torch.tensor([[1.0] + [2.0 ** -24] * 8]).reshape(1, 9, 1).to(torch.float32)
