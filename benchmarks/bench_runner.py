@@ -27,7 +27,10 @@ upstream's captured-prefill plan; runner/prefill_attention.py); the other layerw
 run the default, `eager`: attention as an eager break with upstream's own forward, the tokens of
 graphs disabled;
 layerwise_zero_copy, layerwise with its lean MoE steps reading the segments' tensors in place
-(SGLANG_SM120_LAYERWISE_ZERO_COPY=1, runner/zero_copy.py).
+(SGLANG_SM120_LAYERWISE_ZERO_COPY=1, runner/zero_copy.py);
+layerwise_captured_decode_attention, layerwise with decode attention kept in the graphs at the
+padded batch's plan (SGLANG_SM120_LAYERWISE_DECODE_ATTENTION=captured): what the default eager
+attention step on the real batch (graphs disabled's tokens) costs, side by side.
 
 Decode step latency at bs {1, 8, 64, 256, 512, 1024}; prefill latency at 128/1024/4096 tokens
 (bs 1/8/32 x 128); capture time and graph memory from the capture logs; host time per eager MoE
@@ -112,16 +115,21 @@ CONFIGS.update({name: CONFIGS[of] for name, of in UPSTREAM_MOE_OF.items()})
 CONFIGS["layerwise_fa2_prefill"] = CONFIGS["layerwise"]
 CONFIGS["layerwise_captured_prefill"] = CONFIGS["layerwise"]
 CONFIGS["layerwise_zero_copy"] = CONFIGS["layerwise"]
+CONFIGS["layerwise_captured_decode_attention"] = CONFIGS["layerwise"]
 # environment a configuration adds to its one_batch process: every layerwise configuration names
-# its eager MoE path and its captured prefill attention, so a row means the same whatever the default
+# its eager MoE path and where prefill and decode run attention, so a row means the same whatever
+# the default
 _UPSTREAM_MOE, _LEAN_MOE = {"SGLANG_SM120_LEAN_MOE": "0"}, {"SGLANG_SM120_LEAN_MOE": "1"}
-_DEFAULT_PREFILL_ATTENTION = {"SGLANG_SM120_LAYERWISE_PREFILL_ATTENTION": "eager"}
+_DEFAULT_ATTENTION = {"SGLANG_SM120_LAYERWISE_PREFILL_ATTENTION": "eager",
+                      "SGLANG_SM120_LAYERWISE_DECODE_ATTENTION": "eager"}
 # what an on-request configuration changes on top of the product's default
 _VARIANT_ENV = {"layerwise_fa2_prefill": {"SGLANG_SM120_LAYERWISE_PREFILL_ATTENTION": "fa2"},
                 "layerwise_captured_prefill": {"SGLANG_SM120_LAYERWISE_PREFILL_ATTENTION": "auto"},
-                "layerwise_zero_copy": {"SGLANG_SM120_LAYERWISE_ZERO_COPY": "1"}}
+                "layerwise_zero_copy": {"SGLANG_SM120_LAYERWISE_ZERO_COPY": "1"},
+                # the eager decode attention step's cost (it gives graphs disabled's tokens)
+                "layerwise_captured_decode_attention": {"SGLANG_SM120_LAYERWISE_DECODE_ATTENTION": "captured"}}
 CONFIG_ENV: Dict[str, Dict[str, str]] = {
-    name: {**(_UPSTREAM_MOE if name in UPSTREAM_MOE_OF else _LEAN_MOE), **_DEFAULT_PREFILL_ATTENTION,
+    name: {**(_UPSTREAM_MOE if name in UPSTREAM_MOE_OF else _LEAN_MOE), **_DEFAULT_ATTENTION,
            **_VARIANT_ENV.get(name, {})}
     for name in CONFIGS if name.startswith("layerwise")
 }
@@ -427,18 +435,21 @@ def capture_memory_lines(runs: Dict[str, dict], names: List[str]) -> List[str]:
 
 def host_time_lines(runs: Dict[str, dict], names: List[str]) -> List[str]:
     """Per configuration, phase and size: the eager MoE step's wall time per layer (what the
-    targets use) and, where the report has it, the thread's CPU time (the rest is waiting)."""
+    targets use) and, where the report has it, the thread's CPU time (the rest is waiting), and
+    the decode attention step's wall time where attention is an eager step too."""
     rows = []
     for n in names:
         for phase, sizes in runs[n].get("host_step", {}).items():
             for s in sorted(sizes, key=lambda s: s["size"]):
-                cpu = s.get("step_cpu_us")
+                cpu, att = s.get("step_cpu_us"), s.get("attention_step_host_us")
                 rows.append(f"| {n} | {phase} | {s['size']} | {s['step_host_us']:.1f} | "
-                            f"{'-' if cpu is None else f'{cpu:.1f}'} | {s.get('replays', '-')} |")
+                            f"{'-' if cpu is None else f'{cpu:.1f}'} | {'-' if att is None else f'{att:.1f}'} | "
+                            f"{s.get('replays', '-')} |")
     if not rows:
         return []
-    return ["", "## Eager MoE step per layer (us)", "",
-            "| config | phase | size | wall | CPU | replays |", "|---|---|---|---|---|---|", *rows]
+    return ["", "## Eager steps per layer (us)", "",
+            "| config | phase | size | MoE wall | MoE CPU | attention wall | replays |",
+            "|---|---|---|---|---|---|---|", *rows]
 
 
 def render_md(result: dict) -> str:

@@ -61,6 +61,9 @@ VARIANTS: Dict[str, tuple] = {
                             _LAYERWISE, {"SGLANG_SM120_LAB_VARIANT": "compiled-helpers"}),
     # padding: FlashInfer's decode plan sizes its KV chunks from every row's page count, a padded
     # row's included, so a padded size may split a long request's KV where eager does not
+    "lw-captured-decode-attention": ("seed, decode attention inside the graphs at the padded batch's plan "
+                                     "(the default before session 15: no eager attention step)",
+                                     _LAYERWISE, {"SGLANG_SM120_LAYERWISE_DECODE_ATTENTION": "captured"}),
     "upstream-1024": ("upstream's full decode graphs up to 1024 (padded sizes above 256 too)",
                       ["--cuda-graph-max-bs-decode", "1024"], {}),
     "upstream-exact": ("upstream's full decode graphs at exactly the probe's batch sizes (no padding)",

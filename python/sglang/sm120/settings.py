@@ -166,6 +166,12 @@ SETTINGS: Tuple[Setting, ...] = (
        "the kernel config graphs disabled picks for that batch, so the same tokens) or on all rows "
        "of the captured size (padded).",
        choices=("real", "padded")),
+    _s("LAYERWISE_DECODE_ATTENTION", "choice", "eager", "runtime",
+       "Layerwise decode sizes (above the full-graph ceiling): each layer's attention runs as an eager "
+       "step between graph segments on the real batch, planned as graphs disabled plans it (eager: "
+       "the same tokens; FlashInfer and FA3 MHA backends), or inside the graphs with the plan of the padded "
+       "size (captured: one eager step fewer per layer; some long requests' KV split otherwise).",
+       choices=("eager", "captured"), note="eager gives graphs-disabled tokens"),
     _s("LAYERWISE_ZERO_COPY", "switch", False, "runtime",
        "Lean MoE steps read the tensors their segment wrote instead of copies staged into static "
        "buffers (one copy fewer per MoE input).", off="off, the default"),

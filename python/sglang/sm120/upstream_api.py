@@ -149,6 +149,12 @@ ANCHORS: Dict[str, Dict[str, Optional[str]]] = {
         "sglang.srt.model_executor.runner.decode_cuda_graph_runner:DecodeCudaGraphRunner.capture_prepare"),
     "DecodeCudaGraphRunner.capture_one_shape": _both(
         "sglang.srt.model_executor.runner.decode_cuda_graph_runner:DecodeCudaGraphRunner.capture_one_shape"),
+    # runner/runners.py + decode_attention.py: a replay with decode attention islands plans the
+    # real batch in load_batch, as graphs disabled plans it
+    "DecodeCudaGraphRunner.load_batch": _both(
+        "sglang.srt.model_executor.runner.decode_cuda_graph_runner:DecodeCudaGraphRunner.load_batch"),
+    "FlashInferAttnBackend.init_forward_metadata": _both(
+        "sglang.srt.layers.attention.flashinfer_backend:FlashInferAttnBackend.init_forward_metadata"),
     "ForwardContext": _both("sglang.srt.model_executor.forward_context:ForwardContext"),
     "forward_context": _both("sglang.srt.model_executor.forward_context:forward_context"),
     "runtime_context.get_forward": _both("sglang.srt.runtime_context:get_forward"),

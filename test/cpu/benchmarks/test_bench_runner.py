@@ -163,7 +163,8 @@ def test_lean_configuration_sets_its_env_and_has_a_host_time_target(bench, tmp_p
 
 def test_upstream_moe_prefill_configuration_is_judged_against_breakable(bench):
     assert bench.CONFIG_ENV["layerwise_upstream_moe"] == {"SGLANG_SM120_LEAN_MOE": "0",
-                                                           "SGLANG_SM120_LAYERWISE_PREFILL_ATTENTION": "eager"}
+                                                           "SGLANG_SM120_LAYERWISE_PREFILL_ATTENTION": "eager",
+                                                           "SGLANG_SM120_LAYERWISE_DECODE_ATTENTION": "eager"}
     assert bench.CONFIGS["layerwise_upstream_moe"] == bench.CONFIGS["layerwise"]  # same sizes, other MoE path
     up = _run({}, {1024: 28.0, 4096: 60.0}, _cap(3.0, 0.6, 20.0, 0.7))
     other = _run({}, {1024: 27.0, 4096: 63.0}, _cap(3.5, 0.6, 9.0, 0.5))
@@ -194,6 +195,8 @@ def test_every_layerwise_configuration_names_its_moe_path(bench):
             assert bench.CONFIG_ENV[name]["SGLANG_SM120_LEAN_MOE"] == want, name
             want = {"layerwise_fa2_prefill": "fa2", "layerwise_captured_prefill": "auto"}.get(name, "eager")
             assert bench.CONFIG_ENV[name]["SGLANG_SM120_LAYERWISE_PREFILL_ATTENTION"] == want, name
+            want = "captured" if name == "layerwise_captured_decode_attention" else "eager"
+            assert bench.CONFIG_ENV[name]["SGLANG_SM120_LAYERWISE_DECODE_ATTENTION"] == want, name
     assert bench.CONFIG_ENV["layerwise_fa2_prefill"]["SGLANG_SM120_LEAN_MOE"] == "1"
     assert bench.CONFIGS["layerwise_fa2_prefill"] == bench.CONFIGS["layerwise"]
     assert "disabled" not in bench.CONFIG_ENV and "upstream" not in bench.CONFIG_ENV
@@ -226,11 +229,12 @@ def test_capture_memory_table_splits_the_allocator_from_the_graphs(bench):
 
 
 def test_host_time_table_has_wall_and_cpu_per_size(bench):
-    run = {"host_step": {"decode": [{"size": 1024, "step_host_us": 110.2, "step_cpu_us": 61.0, "replays": 21},
+    run = {"host_step": {"decode": [{"size": 1024, "step_host_us": 110.2, "step_cpu_us": 61.0, "replays": 21,
+                                     "attention_step_host_us": 40.5},
                                     {"size": 512, "step_host_us": 103.0, "replays": 21}]}}
     lines = bench.host_time_lines({"layerwise": run}, ["layerwise"])
-    assert lines[-2:] == ["| layerwise | decode | 512 | 103.0 | - | 21 |",  # an older report: no CPU time
-                          "| layerwise | decode | 1024 | 110.2 | 61.0 | 21 |"]
+    assert lines[-2:] == ["| layerwise | decode | 512 | 103.0 | - | - | 21 |",  # older report: no CPU, captured attention
+                          "| layerwise | decode | 1024 | 110.2 | 61.0 | 40.5 | 21 |"]
     assert bench.host_time_lines({"upstream": {"host_step": {}}}, ["upstream"]) == []
 
 

@@ -19,7 +19,7 @@ COLUMN_KEYS = {
     "decode_backend", "full_graph_ceiling", "ceiling_rule", "decode_full_sizes", "decode_layerwise_sizes",
     "largest_decode_batch", "prefill_backend", "prefill_buckets", "prefill_request_slots", "attention",
     "fp4_gemm_backend", "moe_runner_backend", "chunked_prefill_size", "max_running_requests",
-    "mem_fraction_static", "graph_memory_gb_estimate", "fallbacks", "eager_moe",
+    "mem_fraction_static", "graph_memory_gb_estimate", "fallbacks", "eager_moe", "decode_attention_layerwise",
 }
 
 
@@ -242,3 +242,23 @@ def test_the_plan_names_what_runs_the_moe_between_layerwise_segments(qwen_tp8, m
     assert cli._eager_moe(dict(col, decode_layerwise_sizes=[]), base) == "-"
     monkeypatch.setenv("SGLANG_SM120_LEAN_MOE", "0")
     assert cli._eager_moe(col, base) == "upstream's MoE path (SGLANG_SM120_LEAN_MOE=0)"
+
+
+def test_the_plan_names_what_runs_decode_attention_at_layerwise_sizes(qwen_tp8, monkeypatch):
+    """An eager step on the real batch for MHA models on FlashInfer / FA3 (the server's default);
+    captured with the padded plan for MLA, other backends, or when asked; upstream has no
+    layerwise sizes."""
+    plan, _ = qwen_tp8
+    assert plan["upstream"]["decode_attention_layerwise"] == "-"
+    backend = plan["fork"]["attention"]["decode_attention_backend"] or plan["fork"]["attention"]["attention_backend"]
+    want = "eager step, real batch's plan" if backend in ("flashinfer", "fa3", "fa4") else f"captured, padded plan ({backend})"
+    assert plan["fork"]["decode_attention_layerwise"] == want
+    col = dict(plan["fork"], attention={"attention_backend": "flashinfer", "decode_attention_backend": None})
+    assert cli._eager_attention(col, {}) == "eager step, real batch's plan"
+    assert cli._eager_attention(col, {"kv_lora_rank": 512}) == "captured, padded plan (MLA)"
+    assert cli._eager_attention(dict(col, attention={"attention_backend": "triton"}), {}) == \
+        "captured, padded plan (triton)"
+    assert cli._eager_attention(dict(col, decode_layerwise_sizes=[]), {}) == "-"
+    monkeypatch.setenv("SGLANG_SM120_LAYERWISE_DECODE_ATTENTION", "captured")
+    assert cli._eager_attention(col, {}) == \
+        "captured, padded plan (SGLANG_SM120_LAYERWISE_DECODE_ATTENTION=captured)"

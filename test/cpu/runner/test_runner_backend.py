@@ -424,3 +424,59 @@ def test_held_bytes_counts_each_allocation_behind_an_output_once():
     out = Out(base[:8], hidden_states=(base[8:16], {"x": other}), extra=[base, "constant", 3])
     assert held_bytes(out) == 64 * 100 * 2 + 10 * 4  # views count their whole allocation, once
     assert held_bytes(None) == 0 and held_bytes(Out) == 0  # a class is not an instance
+
+
+def test_attention_islands_plan_the_real_batch_for_layerwise_sizes_only():
+    """Decode attention islands through the real backend: load_batch's plan_real_batch plans the
+    replay's real batch (and only for a size captured with islands), and the replay matches the
+    unpadded eager forward (toy model and backend: test_runner_decode_attention.py)."""
+    from test_runner_decode_attention import PADDING_SLOT, Batch, Model, real_batch
+
+    torch.manual_seed(3)
+    model = Model(moe=DenseMoE)  # capturable whole: size 2 is a full graph
+    runner = SimpleNamespace(
+        device_module=FakeDeviceModule(), captured_req_width=1, device="cpu", capture_bs=[2, 4, 8],
+        model_runner=SimpleNamespace(tp_group=FakeTP(), attn_backend=model.backend), attn_backend=model.backend)
+    backend = LayerwiseDecodeBackend(runner, full_max_bs=2)
+    backend.graph_factory = RecordingGraph
+    assert backend.attention_islands
+    static_ids = torch.randint(0, 50, (8,))
+    backend.mode = "capture"
+    with backend.capture_session(None):
+        for size in (8, 4, 2):
+            dummy = Batch(size, torch.full((size,), PADDING_SLOT))
+            model.backend.init_forward_metadata(dummy)  # upstream plans outside the captured forward
+
+            def forward(size=size, dummy=dummy):
+                with torch.no_grad():
+                    return model(static_ids[:size], dummy)
+
+            backend.capture_one(ShapeKey(size=size), forward)
+    report = backend.report()
+    assert report["full"] == [2] and report["layerwise"] == [4, 8]
+    assert report["decode_attention"] == "eager" and report["attention_steps"] == 2 * 2
+
+    ids = torch.randint(0, 50, (8,))
+    static_ids.copy_(ids)
+    batch = real_batch(6)
+    model.backend.init_forward_metadata(batch)
+    with torch.no_grad():
+        want = model(ids[:6], batch)
+    with pytest.raises(RuntimeError, match="plan_real_batch"):
+        backend.replay(ShapeKey(size=8), batch)
+    model.backend.plans.clear()
+    runner.raw_num_token = 6
+    backend.plan_real_batch(ShapeKey(size=8), batch, model.backend)  # what load_batch calls
+    assert model.backend.plans == [6]
+    with torch.no_grad():
+        got = backend.replay(ShapeKey(size=8), batch)
+    torch.testing.assert_close(got[:6], want, rtol=1e-6, atol=1e-6)
+    assert boundary._REAL_BATCH is None and backend._real_batch is None  # reset after the replay
+    backend.plan_real_batch(ShapeKey(size=2), real_batch(2), model.backend)  # a full graph: upstream's plan
+    assert model.backend.plans == [6] and backend._real_batch is None
+
+
+def test_decode_attention_stays_captured_where_islands_do_not_apply():
+    model = ToyModel(layers=1)
+    backend, _ = _make(model, [2, 4], full_max_bs=0)  # its model runner has no FlashInfer backend
+    assert not backend.attention_islands and backend.report()["decode_attention"] == "captured"

@@ -279,9 +279,9 @@ def test_replay_timed_accumulates_step_host_time():
     assert 0 < entry.graph.step_cpu_seconds  # the thread's CPU time beside the wall time
     from sglang.sm120.runner.layerwise import host_step_stats
 
-    ((key, wall, cpu, replays),) = host_step_stats({4: entry})
+    ((key, wall, cpu, replays, attention),) = host_step_stats({4: entry})
     assert key == 4 and replays == 2 and wall == entry.graph.step_host_seconds / 4
-    assert cpu == entry.graph.step_cpu_seconds / 4
+    assert cpu == entry.graph.step_cpu_seconds / 4 and attention is None  # no attention islands
 
 
 def test_a_step_that_waits_shows_as_wall_time_not_cpu_time():

@@ -37,7 +37,7 @@ class FirstCallBuildsBackend:
 def _runner(monkeypatch, mode):
     attn = FirstCallBuildsBackend()
     r = object.__new__(LayerwiseDecodeRunner)
-    r.backend = SimpleNamespace(mode=mode)
+    r.backend = SimpleNamespace(mode=mode, attention_islands=False, _full_max_bs=0)
     r.captured_req_width = 1
     r.ragged_verify_mode = False
     r.capture_prepare = lambda bs, stream_idx=None, num_tokens=None: (
@@ -86,3 +86,30 @@ def test_upstream_dsa_builds_on_the_first_call_and_runs_its_kernel_later():
     # the replay kernel's call: the function (0.5.16) or the backend's wrapper of it (0.5.23)
     kernel = min(i for i in (src.find("fused_dsa_decode_metadata("), src.find("self._fused_decode_metadata(")) if i >= 0)
     assert build < early_return < kernel
+
+
+def test_warm_pass_runs_decode_attention_on_the_real_batch_plan_at_layerwise_sizes(monkeypatch):
+    """With attention islands (decode_attention.py) a replay plans its real batch eagerly and runs
+    attention on it: the warm pass runs that path (the eager plan, then one eager forward) at each
+    size above the full-graph ceiling, none at or below it."""
+    r, attn = _runner(monkeypatch, "warm")
+    r.backend.attention_islands, r.backend._full_max_bs = True, 8
+    events = []
+    attn.init_forward_metadata = lambda fb: events.append(("plan", fb.batch_size))
+    fb_of = {}
+
+    def prepare(bs, stream_idx=None, num_tokens=None):
+        fb = fb_of.setdefault(bs, SimpleNamespace(batch_size=bs, input_ids=f"ids{bs}", positions=f"pos{bs}"))
+        return fb, attn, None
+
+    r.capture_prepare = prepare
+    r.device_module = SimpleNamespace(synchronize=lambda: None)
+    r.model_runner = SimpleNamespace(model=SimpleNamespace(
+        forward=lambda ids, pos, fb: events.append(("forward", fb.batch_size, ids, pos))))
+    for bs in (16, 12, 8, 1):
+        r.capture_one_shape(bs, lambda: None)
+    assert events == [("plan", 16), ("forward", 16, "ids16", "pos16"), ("plan", 12), ("forward", 12, "ids12", "pos12")]
+    r.backend.mode = "capture"
+    events.clear()
+    r.capture_one_shape(16, lambda: None)
+    assert events == []  # the capture pass adds nothing

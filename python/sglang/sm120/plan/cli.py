@@ -119,6 +119,17 @@ def _eager_moe(column: dict, base: str) -> str:
     return "lean step: upstream's Triton launches (bf16 experts)"
 
 
+def _eager_attention(column: dict, config: dict) -> str:
+    """What runs decode attention at layerwise sizes (runner/decode_attention.py)."""
+    from sglang.sm120.runner import decode_attention
+
+    if not column["decode_layerwise_sizes"]:
+        return "-"
+    attention = column["attention"]
+    backend = attention.get("decode_attention_backend") or attention.get("attention_backend")
+    return decode_attention.planned(str(backend), mla="kv_lora_rank" in config)
+
+
 def _flag_value(argv, name: str, default: str) -> str:
     return next((a.split("=", 1)[1] if "=" in a else argv[i + 1]
                  for i, a in enumerate(argv) if a.split("=")[0] == name and ("=" in a or i + 1 < len(argv))),
@@ -138,7 +149,9 @@ def build_plan(model_path: str, gpu: str, argv: List[str]) -> dict:
     fork = _column(ours, argv, card, config, fp4_ours, fork=True)
     fork["moe_runner_backend"] = _moe(card, argv, ours) or fork["moe_runner_backend"]
     fork["eager_moe"] = _eager_moe(fork, upstream_api.installed_base())
-    up = dict(_column(upstream, up_argv, card, config, fp4_up, fork=False), eager_moe="-")
+    fork["decode_attention_layerwise"] = _eager_attention(fork, config)
+    up = dict(_column(upstream, up_argv, card, config, fp4_up, fork=False), eager_moe="-",
+              decode_attention_layerwise="-")
     plan = {
         "base": upstream_api.installed_base(), "model": model_path, "card": dataclasses.asdict(card),
         "argv": argv, "upstream_alone_leaves_out": dropped,
@@ -192,6 +205,7 @@ def render(plan: dict) -> str:
         ("FP4 GEMM backend", lambda x: x["fp4_gemm_backend"]),
         ("MoE runner backend", lambda x: str(x["moe_runner_backend"])),
         ("MoE between segments", lambda x: x["eager_moe"]),
+        ("decode attention, layerwise", lambda x: x["decode_attention_layerwise"]),
         ("chunked prefill size", lambda x: str(x["chunked_prefill_size"])),
         ("mem fraction static", lambda x: str(x["mem_fraction_static"])),
         ("graph memory, decode (est.)", lambda x: _gb(x["graph_memory_gb_estimate"]["decode"])),

@@ -34,7 +34,7 @@ from sglang.srt.model_executor.runner_backend.full_cuda_graph_backend import (
 )
 
 from .. import settings
-from . import boundary, prefill_attention, zero_copy
+from . import boundary, decode_attention, prefill_attention, zero_copy
 from .boundary import CaptureSession, ProbeSession, StagingArena
 from .config import resolved_cuda_graph_config
 from .layerwise import LayerwiseEntry, SizeCapturer, capture_size, host_step_stats, is_oom
@@ -113,6 +113,7 @@ class _LayerwiseCommon:
         self.lean: Optional[LeanMoe] = LeanMoe(runner.device, lean_max_rows) if lean else None
         self.zero_copy = bool(lean) and zero_copy.requested()
         self.real_rows = False  # decode sets it (MOE_ROWS_ENV): islands run on the replay's real rows
+        self.attention_islands = False  # decode sets it (decode_attention.py)
         if lean:
             cap = "" if lean_max_rows is None else f", batches up to {lean_max_rows} tokens ({PREFILL_CAP_ENV})"
             logger.info("layerwise %s: lean eager MoE on (%s=0 turns it off%s)%s", phase, LEAN_MOE_ENV, cap,
@@ -179,6 +180,7 @@ class _LayerwiseCommon:
             lean=self.lean,
             zero_copy=self.zero_copy,
             real_rows=self.real_rows,
+            attention=self.attention_islands,
             timings=self.size_timings.setdefault(size, {}),
         )
 
@@ -277,6 +279,10 @@ class _LayerwiseCommon:
             memory_accounting_s=round(self.memory_accounting_s, 4),
             moe_rows="real" if self.real_rows else "padded",
         )
+        if self.phase == "decode":
+            out["decode_attention"] = "eager" if self.attention_islands else "captured"
+            out["attention_steps"] = sum(getattr(s, "attention", False)
+                                         for e in self.entries.values() for s in e.graph.steps)
         if getattr(self, "rows_fallback", None):
             out["moe_rows_fallback"] = self.rows_fallback
         if self.lean is not None:
@@ -303,6 +309,9 @@ class LayerwiseDecodeBackend(_LayerwiseCommon, FullCudaGraphBackend):
         self.real_rows = settings.choice(MOE_ROWS_ENV) == "real"
         self.rows_fallback: Optional[str] = None
         self._rows_warmed = False
+        self.attention_islands = decode_attention.choose(
+            cuda_graph_runner.model_runner, getattr(cuda_graph_runner, "attn_backend", None))
+        self._real_batch = None  # the batch plan_real_batch planned for the next replay
 
     def _planned_sizes(self):
         return self._runner.capture_bs
@@ -356,17 +365,32 @@ class LayerwiseDecodeBackend(_LayerwiseCommon, FullCudaGraphBackend):
     def can_run(self, forward_batch, shape_key) -> bool:
         return shape_key in self.entries or shape_key in self._graphs
 
+    def plan_real_batch(self, shape_key, forward_batch, attn_backend) -> None:
+        """Called by the runner's load_batch (before the read-done event a replay publishes):
+        a size with attention islands gets graphs disabled's plan for the real batch."""
+        entry = self.entries.get(shape_key)
+        if entry is None or not entry.attention:
+            self._real_batch = None
+            return
+        decode_attention.plan_real_batch(attn_backend, forward_batch)
+        self._real_batch = forward_batch
+
     def replay(self, shape_key, static_forward_batch, **kwargs) -> Any:
         entry = self.entries.get(shape_key)
         if entry is not None:
-            if not self.real_rows:
-                return self._replay_entry(entry)
             # the runner's load_batch has set the unpadded token count of this batch
-            previous = boundary.set_replaying_rows(getattr(self._runner, "raw_num_token", None))
+            rows = getattr(self._runner, "raw_num_token", None) if self.real_rows else None
+            batch = self._real_batch if entry.attention else None
+            if entry.attention and batch is None:
+                raise RuntimeError("layerwise decode: a size with attention islands replayed without "
+                                   "plan_real_batch (the runner's load_batch)")
+            previous = boundary.set_replaying_rows(rows), boundary.set_replaying_batch(batch)
             try:
                 return self._replay_entry(entry)
             finally:
-                boundary.set_replaying_rows(previous)
+                boundary.set_replaying_rows(previous[0])
+                boundary.set_replaying_batch(previous[1])
+                self._real_batch = None
         return FullCudaGraphBackend.replay(self, shape_key, static_forward_batch, **kwargs)
 
 

@@ -24,6 +24,14 @@ graphs disabled would run it on the unpadded batch (upstream's Triton MoE picks 
 by the row count: another config is another summation order), and zeroes the padded rows of its
 output. `RecordingSession` + `warm_rows` run each distinct MoE at every row count before capture,
 so no row count JIT-compiles at serving time.
+
+Decode attention islands (`attention=True` on the sessions; decode_attention.py decides where):
+the hook at the top of `RadixAttention.forward` (patch 0113) hands a decode attention call to
+`cross_attention`, which cuts the segment there like an MoE call. At replay the step runs the
+attention on the replay's real batch (`replaying_batch`: the batch the runner planned graphs
+disabled's attention metadata for), not on the padded captured rows: FlashInfer's decode plan
+splits each request's KV by the whole batch's page counts, so a plan made for padded rows splits
+some requests otherwise (another summation order) than graphs disabled's plan for the real ones.
 """
 from __future__ import annotations
 
@@ -94,6 +102,9 @@ def _leaf_sig(t: torch.Tensor, rows: int) -> LeafSig:
     return LeafSig(token_major, tail, t.dtype)
 
 
+MOE, ATTENTION = "moe", "attention"  # island kinds
+
+
 @dataclass
 class ProbeRecord:
     owner_id: int
@@ -103,6 +114,7 @@ class ProbeRecord:
     out_sigs: Tuple[LeafSig, ...]
     out_rebuild: Callable
     lean: bool = False  # the lean step matched upstream's result on this island's probe inputs
+    kind: str = MOE
 
 
 class StagingArena:
@@ -168,6 +180,8 @@ _BYPASS = contextvars.ContextVar("sm120_boundary_bypass", default=False)
 # Real rows of the replay in progress (None: every captured row is real). A plain global: replays
 # run one at a time on the scheduler's thread, and a step reads it on every layer.
 _REAL_ROWS: Optional[int] = None
+# The replay's real ForwardBatch, for attention islands (None outside such a replay).
+_REAL_BATCH: Any = None
 
 
 def set_replaying_rows(rows: Optional[int]) -> Optional[int]:
@@ -187,6 +201,14 @@ def replaying_rows(rows: Optional[int]):
         set_replaying_rows(previous)
 
 
+def set_replaying_batch(forward_batch) -> Any:
+    """Declare the real batch of the replay that follows (its attention metadata planned for
+    it); returns the previous one (pass it back when the replay is over)."""
+    global _REAL_BATCH
+    previous, _REAL_BATCH = _REAL_BATCH, forward_batch
+    return previous
+
+
 def boundary_active() -> bool:
     """True when the hook should divert the call to `cross` (a session is open and the call is
     not the boundary's own eager call)."""
@@ -198,6 +220,22 @@ def cross(owner, *args, **kwargs):
     if session is None:
         raise RuntimeError("cross() called without an open layerwise session")
     return session.on_boundary(owner, args, kwargs)
+
+
+def attention_island_active(forward_batch, kwargs, *unsupported) -> bool:
+    """True when the attention hook should divert a call to `cross_attention`: a session with
+    attention islands is open, the call is a decode and carries nothing but q, k, v (extra
+    keyword arguments, or any non-None `unsupported` argument, keep it inside the segment)."""
+    session = _SESSION
+    return (session is not None and session.attention and not _BYPASS.get() and not kwargs
+            and all(u is None for u in unsupported) and forward_batch.forward_mode.is_decode())
+
+
+def cross_attention(owner, q, k, v, forward_batch, save_kv_cache=True):
+    session = _SESSION
+    if session is None:
+        raise RuntimeError("cross_attention() called without an open layerwise session")
+    return session.on_boundary(owner, (q, k, v, forward_batch, save_kv_cache), {}, kind=ATTENTION)
 
 
 def call_unhooked(owner, args, kwargs):
@@ -217,14 +255,24 @@ def _rows_of(leaves: Sequence[torch.Tensor]) -> int:
 
 
 class _Session:
-    def __init__(self, arena: StagingArena, records: List[ProbeRecord], lean=None):
+    def __init__(self, arena: StagingArena, records: List[ProbeRecord], lean=None, attention: bool = False):
         self.arena = arena
         self.records = records
         self.calls = 0
+        self.kind_calls = {MOE: 0, ATTENTION: 0}
         self.lean = lean  # a lean_moe.LeanMoe, or None: upstream's forward at every island
+        self.attention = attention  # decode attention calls are islands too
 
-    def on_boundary(self, owner, args, kwargs):
+    def on_boundary(self, owner, args, kwargs, kind: str = MOE):
         raise NotImplementedError
+
+    def _names(self, kind: str) -> Tuple[str, int]:
+        """Staging-name prefix of an island kind and its output ring slot. Each kind has its own
+        buffers and ring, so an MoE output still lasts two MoE islands with attention islands
+        between them."""
+        ring = self.kind_calls[kind] % OUTPUT_RING
+        self.kind_calls[kind] += 1
+        return ("" if kind == MOE else "attn."), ring
 
     def __enter__(self):
         global _SESSION
@@ -244,13 +292,14 @@ class ProbeSession(_Session):
 
     lean_mismatch = False
 
-    def on_boundary(self, owner, args, kwargs):
+    def on_boundary(self, owner, args, kwargs, kind: str = MOE):
         in_leaves, _ = flatten((args, kwargs))
         rows = _rows_of(in_leaves)
+        prefix, _ = self._names(kind)
         # The lean step runs first: it only reads the inputs, upstream's may write them (inplace).
         # Twice: its first call resolves its Triton launches, the second replays them (what
         # every replay after the first does) onto NaN-filled buffers, and its result is compared.
-        lean = self.lean.bind(owner, args, kwargs) if self.lean is not None else None
+        lean = self.lean.bind(owner, args, kwargs) if self.lean is not None and kind == MOE else None
         lean_error = None
         if lean is not None:
             try:
@@ -275,12 +324,12 @@ class ProbeSession(_Session):
             )
         for i, s in enumerate(in_sigs):
             if s.token_major:
-                self.arena.ensure(f"in.{i}", s.tail, s.dtype)
+                self.arena.ensure(f"{prefix}in.{i}", s.tail, s.dtype)
         for r in range(OUTPUT_RING):
             for j, s in enumerate(out_sigs):
-                self.arena.ensure(f"out{r}.{j}", s.tail, s.dtype)
+                self.arena.ensure(f"{prefix}out{r}.{j}", s.tail, s.dtype)
         self.records.append(
-            ProbeRecord(id(owner), type(owner).__name__, rows, in_sigs, out_sigs, out_rebuild, lean_ok)
+            ProbeRecord(id(owner), type(owner).__name__, rows, in_sigs, out_sigs, out_rebuild, lean_ok, kind)
         )
         self.calls += 1
         return out
@@ -318,13 +367,13 @@ class CaptureSession(_Session):
     """
 
     def __init__(self, arena: StagingArena, records: List[ProbeRecord], cutter, lean=None,
-                 zero_copy: bool = False, real_rows: bool = False):
-        super().__init__(arena, records, lean)
+                 zero_copy: bool = False, real_rows: bool = False, attention: bool = False):
+        super().__init__(arena, records, lean, attention)
         self.cutter = cutter
         self.zero_copy = zero_copy
         self.real_rows = real_rows
 
-    def _stage(self, in_leaves, in_sigs, rows, in_place: bool) -> List[torch.Tensor]:
+    def _stage(self, in_leaves, in_sigs, rows, in_place: bool, prefix: str = "") -> List[torch.Tensor]:
         staged: List[torch.Tensor] = []
         for i, (t, s) in enumerate(zip(in_leaves, in_sigs)):
             if not s.token_major:
@@ -332,12 +381,12 @@ class CaptureSession(_Session):
             elif in_place:
                 staged.append(non_owning_view(t))
             else:
-                buf = self.arena.view(f"in.{i}", s.tail, s.dtype, rows)
+                buf = self.arena.view(f"{prefix}in.{i}", s.tail, s.dtype, rows)
                 buf.copy_(t)  # recorded into the segment that is about to end
                 staged.append(buf)
         return staged
 
-    def on_boundary(self, owner, args, kwargs):
+    def on_boundary(self, owner, args, kwargs, kind: str = MOE):
         k = self.calls
         if k >= len(self.records):
             raise BoundaryMismatch(
@@ -348,16 +397,21 @@ class CaptureSession(_Session):
         in_leaves, in_rebuild = flatten((args, kwargs))
         rows = _rows_of(in_leaves)
         in_sigs = tuple(_leaf_sig(t, rows) for t in in_leaves)
-        if rec.owner_id != id(owner) or rec.in_sigs != in_sigs or rec.rows != rows:
+        if rec.owner_id != id(owner) or rec.in_sigs != in_sigs or rec.rows != rows or rec.kind != kind:
             raise BoundaryMismatch(
-                f"eager island #{k}: warmup saw {rec.owner_name} with {rec.rows} rows "
-                f"{rec.in_sigs}, capture sees {type(owner).__name__} with {rows} rows {in_sigs}"
+                f"eager island #{k}: warmup saw {rec.owner_name} ({rec.kind}) with {rec.rows} rows "
+                f"{rec.in_sigs}, capture sees {type(owner).__name__} ({kind}) with {rows} rows {in_sigs}"
             )
-        ring = k % OUTPUT_RING
+        prefix, ring = self._names(kind)
         out_views = [
-            self.arena.view(f"out{ring}.{j}", s.tail, s.dtype, rows)
+            self.arena.view(f"{prefix}out{ring}.{j}", s.tail, s.dtype, rows)
             for j, s in enumerate(rec.out_sigs)
         ]
+        if kind == ATTENTION:
+            staged_args, _ = in_rebuild(self._stage(in_leaves, in_sigs, rows, False, prefix))
+            self.cutter.cut(_AttentionStep(owner, staged_args, out_views, rows))
+            self.calls += 1
+            return rec.out_rebuild(out_views)
         use_lean = self.lean is not None and rec.lean and len(out_views) == 1
         in_place = use_lean and self.zero_copy
         staged_leaves = self._stage(in_leaves, in_sigs, rows, in_place)
@@ -476,6 +530,46 @@ class _RealRowsStep:
             v[r:].zero_()
 
 
+# ------------------------------------------------------------------------------------------------
+# decode attention on the replay's real batch
+# ------------------------------------------------------------------------------------------------
+class _AttentionStep:
+    """A decode attention island: `owner.forward` on the first rows of the staged q, k, v (one
+    per request of the replay's real batch) with that batch, whose attention metadata the
+    runner planned before the replay as graphs disabled plans it; the KV of the real rows is
+    written to the real batch's cache slots. Padded rows of the output are zeroed."""
+
+    attention = True
+
+    def __init__(self, owner, staged_args, out_views: List[torch.Tensor], rows: int):
+        if len(out_views) != 1:
+            raise BoundaryMismatch(f"{type(owner).__name__}: a decode attention island returns one "
+                                   f"tensor, the warmup saw {len(out_views)}")
+        self.owner = owner
+        self.q, self.k, self.v, _captured_batch, self.save_kv_cache = staged_args
+        self.out = out_views[0]
+        self.rows = rows
+        self.owner_name = type(owner).__name__
+
+    def __call__(self) -> None:
+        batch = _REAL_BATCH
+        if batch is None:
+            raise BoundaryMismatch("a decode attention island replayed without its real batch "
+                                   "(boundary.set_replaying_batch)")
+        r = int(batch.batch_size)
+        if not 1 <= r <= self.rows:
+            raise BoundaryMismatch(f"a replay of {r} requests on a decode attention island captured "
+                                   f"for {self.rows} rows")
+        k = self.k[:r] if self.k is not None else None
+        v = self.v[:r] if self.v is not None else None
+        out = call_unhooked(self.owner, (self.q[:r], k, v, batch, self.save_kv_cache), {})
+        dst = self.out[:r]
+        if out.data_ptr() != dst.data_ptr():
+            dst.copy_(out.view(dst.shape))
+        if r < self.rows:
+            self.out[r:].zero_()
+
+
 class RecordingSession(_Session):
     """Eager forward that runs each island for real and keeps, per distinct island (owner type,
     parameter shapes, input signature), a copy of its inputs and the per-forward state it ran in:
@@ -485,7 +579,7 @@ class RecordingSession(_Session):
         super().__init__(arena=None, records=[])
         self.kept: dict = {}
 
-    def on_boundary(self, owner, args, kwargs):
+    def on_boundary(self, owner, args, kwargs, kind: str = MOE):
         in_leaves, in_rebuild = flatten((args, kwargs))
         rows = _rows_of(in_leaves)
         sigs = tuple(_leaf_sig(t, rows) for t in in_leaves)

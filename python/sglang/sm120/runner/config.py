@@ -21,7 +21,7 @@ import os
 from dataclasses import dataclass
 from typing import Any, List, Optional
 
-from . import prefill_attention, zero_copy
+from . import decode_attention, prefill_attention, zero_copy
 from .lean_moe import lean_moe_requested, lean_prefill_cap
 from .sizes import (
     LAYERWISE_DECODE_MAX_BS,
@@ -366,6 +366,8 @@ def finalize(sa) -> Optional[Resolution]:
                 lean_prefill_cap()
         if prefill_plan:
             prefill_attention.requested()
+        if decode_plan:
+            decode_attention.requested()
         _set_env(DYNAMO_FREE_ENV, "1")
         logger.info(
             "layerwise CUDA graphs: decode %s, prefill %s",

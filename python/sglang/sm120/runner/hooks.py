@@ -8,6 +8,7 @@ patch 0104 (graph setup):     decode_runner_class(model_runner, default) /
                               prefill_runner_class(model_runner, default) /
                               finish_captures(model_runner)
 patch 0105 (FusedMoE):        sglang.sm120.runner.boundary.boundary_active / cross
+patch 0113 (RadixAttention):  sglang.sm120.runner.boundary.attention_island_active / cross_attention
 patch 0106/0107 (helpers):    sglang.sm120.runner.dynamo_free.compile_unless_dynamo_free
 """
 from __future__ import annotations

@@ -16,7 +16,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import torch
 
 from ..traps import TrapViolation
-from .boundary import CaptureSession, ProbeRecord, ProbeSession, StagingArena
+from .boundary import ATTENTION, CaptureSession, ProbeRecord, ProbeSession, StagingArena
 from .segments import GraphFactory, SegmentCapture, SegmentedGraph, cuda_graph_factory
 from .sizes import SizeLedger
 
@@ -28,6 +28,7 @@ class LayerwiseEntry:
     graph: SegmentedGraph
     output: Any
     islands: int
+    attention: bool = False  # decode attention islands: replays need the real batch planned
 
 
 def capture_size(
@@ -45,6 +46,7 @@ def capture_size(
     lean=None,
     zero_copy: bool = False,
     real_rows: bool = False,
+    attention: bool = False,
     timings: Optional[Dict[str, float]] = None,
 ) -> LayerwiseEntry:
     """Warm up (eager, recording every eager island) and capture one size as segments.
@@ -57,6 +59,8 @@ def capture_size(
         become lean steps.
     zero_copy: lean steps read the segment's own tensors, not staged copies (zero_copy.py).
     real_rows: steps run the MoE on the replay's real rows (boundary.set_replaying_rows).
+    attention: decode attention calls are islands too, run at replay on the real batch
+        (boundary.set_replaying_batch).
     timings: filled with probe_s (the warmup forwards) and capture_s (the captured forward,
         instantiation included), wall seconds: where a size's capture time goes.
     """
@@ -68,7 +72,7 @@ def capture_size(
         records = []
         if before_warmup is not None:
             before_warmup()
-        with ProbeSession(arena, records, lean):
+        with ProbeSession(arena, records, lean, attention):
             forward_fn()
         if post_warmup_hook is not None:
             post_warmup_hook()
@@ -83,11 +87,12 @@ def capture_size(
         stream=stream,
         track_side_streams=track_side_streams,
     ) as cap, CaptureSession(arena, records, cap, lean, zero_copy=zero_copy,
-                                                  real_rows=real_rows):
+                             real_rows=real_rows, attention=attention):
         output = forward_fn()
     if timings is not None:
         timings.update(probe_s=round(t1 - t0, 4), capture_s=round(time.perf_counter() - t1, 4))
-    return LayerwiseEntry(graph=graph, output=output, islands=len(records))
+    return LayerwiseEntry(graph=graph, output=output, islands=len(records),
+                          attention=any(r.kind == ATTENTION for r in records))
 
 
 def is_oom(exc: BaseException) -> bool:
@@ -234,13 +239,16 @@ class EagerFallbackLog:
         return True
 
 
-def host_step_stats(entries: Dict[Any, LayerwiseEntry]) -> List[Tuple[Any, float, float, int]]:
-    """(key, mean wall seconds per eager step, mean CPU seconds per eager step, replays) for
-    entries replayed with timing."""
+def host_step_stats(entries: Dict[Any, LayerwiseEntry]) -> List[Tuple[Any, float, float, int, Optional[float]]]:
+    """(key, mean wall seconds per eager MoE step, mean CPU seconds per eager MoE step, replays,
+    mean wall seconds per decode attention step or None) for entries replayed with timing."""
     out = []
     for key, e in entries.items():
         g = e.graph
-        if g.timed_replays and g.steps:
-            n = g.timed_replays * len(g.steps)
-            out.append((key, g.step_host_seconds / n, g.step_cpu_seconds / n, g.timed_replays))
+        attention = sum(getattr(s, "attention", False) for s in g.steps)
+        moe = len(g.steps) - attention
+        if g.timed_replays and moe:
+            n = g.timed_replays * moe
+            att = g.attention_host_seconds / (g.timed_replays * attention) if attention else None
+            out.append((key, g.step_host_seconds / n, g.step_cpu_seconds / n, g.timed_replays, att))
     return out

@@ -17,6 +17,8 @@ import logging
 import sys
 import time
 
+import torch
+
 from sglang.srt.model_executor.forward_context import ForwardContext, forward_context
 from sglang.srt.model_executor.runner.decode_cuda_graph_runner import DecodeCudaGraphRunner
 from sglang.srt.model_executor.runner.prefill_cuda_graph_runner import PrefillCudaGraphRunner
@@ -75,9 +77,9 @@ class _DeferredCaptureMixin:
 
     def _lw_print_host_stats(self) -> None:
         stats = [
-            {"size": getattr(k, "size", k), "step_host_us": round(s * 1e6, 2), "step_cpu_us": round(c * 1e6, 2),
-             "replays": n}
-            for k, s, c, n in self.backend.host_stats()
+            dict({"size": getattr(k, "size", k), "step_host_us": round(s * 1e6, 2), "step_cpu_us": round(c * 1e6, 2),
+                  "replays": n}, **({} if a is None else {"attention_step_host_us": round(a * 1e6, 2)}))
+            for k, s, c, n, a in self.backend.host_stats()
         ]
         print(
             f"{HOST_TAG} {json.dumps({'phase': self.backend.phase, 'sizes': stats})}",
@@ -114,6 +116,31 @@ class LayerwiseDecodeRunner(_DeferredCaptureMixin, DecodeCudaGraphRunner):
         super().capture_one_shape(size, forward, stream_idx, *args, **kwargs)
         if self.backend.mode == "warm":
             self._lw_warm_replay_metadata(size, stream_idx)
+            if self.backend.attention_islands and size > self.backend._full_max_bs:
+                self._lw_warm_real_batch_attention(size, stream_idx)
+
+    def load_batch(self, forward_batch, *args, **kwargs):
+        out = super().load_batch(forward_batch, *args, **kwargs)
+        # inside load_batch: before the read-done event the replay publishes (the plan reads
+        # req_to_token), where upstream plans its captured metadata
+        self.backend.plan_real_batch(self._replay_graph_key, forward_batch, self.attn_backend)
+        return out
+
+    def _lw_warm_real_batch_attention(self, size: int, stream_idx) -> None:
+        """A replay with attention islands plans graphs disabled's metadata for its batch and
+        runs attention on it eagerly: run that path once at this size (one eager forward on the
+        dummy batch) in the warm pass, so nothing it reaches compiles after the traps arm."""
+        try:
+            forward_batch, attn_backend, _ = self.capture_prepare(
+                size, stream_idx=stream_idx, num_tokens=size * self.captured_req_width)
+            self.device_module.synchronize()
+            with forward_context(ForwardContext(attn_backend=attn_backend)), torch.inference_mode():
+                attn_backend.init_forward_metadata(forward_batch)
+                self.model_runner.model.forward(forward_batch.input_ids, forward_batch.positions, forward_batch)
+            self.device_module.synchronize()
+        except Exception as e:  # noqa: BLE001 - said; a replay may then build what it needs
+            logger.warning("layerwise decode: could not warm attention on the real batch at size %d: %s: %s",
+                           size, type(e).__name__, e)
 
     def _lw_warm_replay_metadata(self, size: int, stream_idx) -> None:
         """Run the attention backend's replay-time metadata step once at this size.

@@ -75,6 +75,9 @@ class SegmentedGraph:
         self.step_host_seconds = 0.0
         self.step_cpu_seconds = 0.0
         self.timed_replays = 0
+        # decode attention steps (boundary._AttentionStep) are timed apart: the totals above are
+        # the MoE steps', what the per-layer MoE figure divides
+        self.attention_host_seconds = 0.0
 
     def replay(self) -> None:
         steps = self.steps
@@ -90,7 +93,7 @@ class SegmentedGraph:
         clock, cpu_clock = time.perf_counter, time.thread_time
         steps = self.steps
         n_steps = len(steps)
-        spent = cpu = 0.0
+        spent = cpu = attention = 0.0
         prof = _profiler()
         for i, seg in enumerate(self.segments):
             seg.replay()
@@ -101,10 +104,14 @@ class SegmentedGraph:
                 steps[i]()
                 if prof is not None:
                     prof.disable()
-                spent += clock() - t0
-                cpu += cpu_clock() - c0
+                if getattr(steps[i], "attention", False):
+                    attention += clock() - t0
+                else:
+                    spent += clock() - t0
+                    cpu += cpu_clock() - c0
         self.step_host_seconds += spent
         self.step_cpu_seconds += cpu
+        self.attention_host_seconds += attention
         self.timed_replays += 1
 
     @property

@@ -1,0 +1,87 @@
+"""Where layerwise decode runs attention at the sizes it captures layerwise.
+
+SGLANG_SM120_LAYERWISE_DECODE_ATTENTION=eager (the default): with FlashInfer's or FlashAttention's
+(FA3, upstream's default for MHA models on SM90) MHA backend each layer's decode attention is an eager island between graph segments (boundary.cross_attention,
+the hook patch 0113 puts at the top of `RadixAttention.forward`). Before each such replay the
+runner plans the attention metadata for the real batch, as graphs disabled plans it
+(`init_forward_metadata`), and the island runs the attention on the real rows with it.
+
+Why: FlashInfer's decode plan splits each request's KV into chunks sized from the page counts of
+every row in the batch; a plan made for the padded captured size (padded rows included, in
+CUDA-graph mode) can split a long request otherwise than graphs disabled's plan for the real
+batch, another summation order, other bits, so some sequences' tokens differ (docs/runner.md,
+"Same tokens as upstream"; measured with FlashInfer). FA3 picks its KV split count from the batch
+size when the kernel is launched, which a graph fixes at the padded size. Full graphs (sizes up to the full-graph ceiling) are upstream's own
+and keep upstream's captured attention.
+
+`captured` keeps the attention inside the segments (the padded plan), one eager step fewer per
+layer. Other attention backends keep it captured too, said once at start-up: MLA backends plan
+metadata that the model reads outside `RadixAttention` (the DSA indexer), and their captured
+plans gave graphs disabled's tokens where measured.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Optional
+
+from .. import settings
+
+logger = logging.getLogger(__name__)
+
+ENV = "SGLANG_SM120_LAYERWISE_DECODE_ATTENTION"
+EAGER = "eager"
+# Backends whose decode metadata only RadixAttention's call reads, planned outside the graph. FA3's
+# in-graph metadata step serves speculative decoding only (target verify, draft extend), which
+# layerwise refuses; for any other backend that defines one, the step could overwrite the plan.
+BACKENDS = ("FlashInferAttnBackend", "FlashAttentionBackend")
+IN_GRAPH_STEP_NOT_FOR_DECODE = ("FlashAttentionBackend",)
+
+
+def requested() -> str:
+    return settings.choice(ENV)
+
+
+def refusal(model_runner, runner_attn_backend) -> Optional[str]:
+    """Why decode attention stays captured for this model runner (None: it becomes an island)."""
+    if requested() != EAGER:
+        return f"{ENV}={requested()}"
+    backend = getattr(model_runner, "attn_backend", None)
+    name = type(backend).__name__
+    if name not in BACKENDS:
+        return f"the attention backend is {name}, not {' / '.join(BACKENDS)}"
+    if runner_attn_backend is not backend:
+        return "the decode runner plans another attention backend than the model runs"
+    if "init_forward_metadata_in_graph" in type(backend).__dict__ and name not in IN_GRAPH_STEP_NOT_FOR_DECODE:
+        # metadata recorded into the graph would overwrite the real batch's plan at replay
+        return f"{name} records attention metadata inside the graph"
+    if getattr(model_runner, "use_mla_backend", False):
+        return "an MLA model"
+    return None
+
+
+def choose(model_runner, runner_attn_backend) -> bool:
+    """Whether layerwise decode sizes get attention islands; one log line either way."""
+    why = refusal(model_runner, runner_attn_backend)
+    if why is None:
+        logger.info("layerwise decode: attention runs as an eager island on the real batch, planned "
+                    "as graphs disabled plans it (%s=eager; captured keeps it in the graphs)", ENV)
+        return True
+    logger.info("layerwise decode: attention stays captured at the padded size (%s)", why)
+    return False
+
+
+def planned(attention_backend: str, mla: bool) -> str:
+    """What `python -m sglang.sm120 plan` says runs decode attention at layerwise sizes, from the
+    flags and the model's config (the server decides from the objects it builds: `refusal`)."""
+    if requested() != EAGER:
+        return f"captured, padded plan ({ENV}={requested()})"
+    if mla:
+        return "captured, padded plan (MLA)"
+    if attention_backend not in ("flashinfer", "fa3", "fa4"):
+        return f"captured, padded plan ({attention_backend})"
+    return "eager step, real batch's plan"
+
+
+def plan_real_batch(attn_backend, forward_batch) -> None:
+    """Graphs disabled's attention metadata for this batch (what its decode forward plans)."""
+    attn_backend.init_forward_metadata(forward_batch)
