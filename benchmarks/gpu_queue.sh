@@ -10,105 +10,46 @@
 # record. The lab steps (prefill-profile, same-tokens-probe, moe-fp4-sweep)
 # are probes: their outputs stay in RESULTS and are never records.
 #
-# Steps (with none named, the list in STEPS=(...) below, most wanted first; each has its own cap in seconds):
-#   lean-moe     test_lean_moe.py: the lean eager MoE vs upstream's on real Triton kernels, bit for
-#                bit, and its host time per layer (decode and prefill rows)                      300
-#   kernels      lab/kernels_check.sh without its quick benchmark: build csrc here, the
-#                smoke test (compute-sanitizer on failure), test_kernels.py -> RESULTS/kernels-check/ 600
-#   fp4          benchmarks/bench_fp4_gemm.py (ours plain/PDL vs bf16 vs Marlin, split sweep)   300
-#   moe-fp4      (by name only) test_moe_w4a16.py (the grouped NVFP4 W4A16 MoE against moe_reference on the three MoE
-#                shape sets, tokens 1-1024), then benchmarks/bench_moe_fp4.py (ours vs upstream's Marlin
-#                NVFP4 MoE vs bf16 Triton fused MoE, tokens 1-1024; ours without PDL and at M tiles 2
-#                and 4 beside it, and each backend's kernels at 1/64/1024 tokens) -> RESULTS/moe-fp4-h200.{json,md}
-#                (logs RESULTS/moe-fp4-test.log, RESULTS/moe-fp4.log)                       600 + 900
-#   moe-fp4-sweep (by name only) bench_moe_fp4.py on the GLM-5 sets with ours also at fixed warps per
-#                weight tile (8/1 4/1 2/1 1/1 and the down side at 8, 4, 2): is the plan's choice the best
-#                one? -> RESULTS/moe-sweep/ (a probe, not a record)                            900
-#   runner       benchmarks/bench_runner.py, its five default configurations, saved after each  2000
-#   prefill-profile benchmarks/prefill_profile.py: GPU kernel timeline of upstream breakable vs
-#                layerwise prefill at 1024 / 4096 tokens (busy / idle, by kernel group)          600
-#   prefill-fa2  layerwise prefill with its captured attention on upstream's FA2 plan (what SM120
-#                runs; the default, auto, takes FA3 on SM90): bench_runner.py's
-#                layerwise_fa2_prefill (merged into the runner step's file) and the qwen3_moe bf16
-#                correctness full grid under SGLANG_SM120_LAYERWISE_PREFILL_ATTENTION=fa2
-#                -> RESULTS/fa2/                                                                  1200
-#   zero-copy    bench_runner.py's layerwise_zero_copy (lean MoE steps read the segments' tensors in
-#                place, SGLANG_SM120_LAYERWISE_ZERO_COPY=1; its correctness: correctness-full)     500
-#   moe-profile  bench_runner.py --profile-eager-moe: cProfile of the eager MoE steps (bs 64)     300
-#   traps        test_layerwise_traps.py, -k $TRAPS_K (default: qwen3_moe, bf16 and nvfp4)      600
-#   correctness  quick grid of test_layerwise_correctness.py, -k $CORRECTNESS_K (default: every
-#                mode of the bf16 models, the ones the lean eager MoE (the default)
-#                changes; a layerwise mode needs its `full` control in the same process)      1500
-#   correctness-full  the issue's whole grid (bs {1,3,17,64,300,1024} x lengths {7,128,2000}, no
-#                SGLANG_SM120_GPU_QUICK), every mode with the control, for each of
-#                $CORRECTNESS_FULL_MODELS (default: the four tiny archs, bf16 and NVFP4) in its own pytest process,
-#                all at once on the one GPU (KV pools capped by SGLANG_SM120_GPU_MAX_TOKENS; sized on
-#                the H200's 141 GB, not tried on an 80 GB H100: name fewer models there), and
-#                $CORRECTNESS_FULL_ZERO_COPY_MODELS (default qwen3_moe-bf16; set it empty for none) beside them under
-#                SGLANG_SM120_LAYERWISE_ZERO_COPY=1 -> RESULTS/full-grid/[zero-copy/]     2400 each
-#   correctness-moe-sm120  issue 42 item 5: the grid of $CORRECTNESS_MOE_MODELS (default: the four
-#                NVFP4 tiny models) with every engine's experts on the fork's grouped kernel
-#                (SGLANG_SM120_GPU_MOE_BACKEND=sm120), side by side as correctness-full; the quick
-#                grid unless CORRECTNESS_MOE_FULL=1 -> RESULTS/moe-sm120/                           1800
-#   correctness-alone  the whole grid of $CORRECTNESS_ALONE_K (default deepseek_v2-bf16) with
-#                nothing else on the GPU (is a divergence timing-dependent?), then again with
-#                upstream's MoE path (SGLANG_SM120_LEAN_MOE=0)
-#                -> RESULTS/alone/, RESULTS/alone-upstream-moe/                                   900 each
-#   eager-warmup bench_runner.py --diagnose-eager-warmup: where upstream's graphs-disabled
-#                warmup spends its time on a tiny MoE (stacks every 15 s)                        450
-#   glm5-launch-line  test_glm5_launch_line.py: the seed's launch line on tiny glm_moe_dsa NVFP4
-#                (batches 1/64/999, traps logging with stacks) beside upstream's defaults        1500
-#   sm120-check  python -m sglang.sm120 check --quick -> RESULTS/sm120-check-quick.{json,md}; over its
-#                3-minute target, once more on the warm caches -> RESULTS/sm120-check-quick-warm.*  900 each
-#   fp4-selfcheck  test_fp4_selfcheck_gpu.py: the sm120 backend's self-check and its fallback
-#                with a fault injected                                                           600
-#   gpu-suite    every GPU test but the layerwise correctness grid (the correctness-full step runs
-#                it, side by side, as its own processes), -k $GPU_SUITE_K if set; the KV pools are
-#                capped (SGLANG_SM120_GPU_MAX_TOKENS) so it can share the GPU with that step, but
-#                the launch line's literal --mem-fraction-static 0.7 cannot: beside the grid, pass
-#                GPU_SUITE_K="not launch_line" and run the glm5-launch-line step after it      2400
-#   plan-check   benchmarks/plan_check.py: `sglang.sm120 plan --gpu auto` against what a server
-#                with the same flags logs (sizes exact, graph memory within 25%), per model in
-#                $PLAN_CHECK_MODELS (default: three tiny bf16 models and the Qwen3-30B-A3B shapes)
-#                -> RESULTS/plan-check.json                                                        900
-#   glm5-twin    (by name only) issue 41: benchmarks/bench_twin.py, the GLM-5 rank twin held to a
-#                96 GB card, --quick (256-token contexts, one process per configuration) unless
-#                TWIN_FULL=1; configurations $TWIN_CONFIGS (default: the bench's own list; issue 42's
-#                pair: "layerwise_moe_sm120 layerwise_moe_marlin") -> RESULTS/glm5-twin-h200.{json,md}
-#                (each process loads ~55 GB of dummy weights: minutes each)                       2400
-#   same-tokens-probe  lab/same_tokens_probe.py on $SAME_TOKENS_MODEL (default glm4_moe-bf16): one
-#                server per variant side by side, which source changes layerwise's greedy tokens
-#                against graphs disabled -> RESULTS/same-tokens-probe/ (a probe)                    480
-#   dynamo-free-bits  (by name only) test_dynamo_free_bits_gpu.py: moe_sum_reduce's and the sigmoid
-#                router's Dynamo-free forms against torch.compile's on the GPU, bitwise; for a mismatch,
-#                which candidate (summation order, division) gives the compiled bits; and whether a
-#                bf16 linear layer's real rows keep their bits at a padded batch (test_padded_rows_bits_gpu.py)
-#                -> RESULTS/dynamo-free-bits-gpu.json, padded-rows-bits-gpu.json (probes)           480
-#   same-tokens  test_same_tokens.py (quick subset unless SAME_TOKENS_FULL=1): layerwise tokens
-#                identical to graphs disabled, repeatability, a cold-JIT start under strict traps
-#                (the cold pair JIT-compiles every module it needs: FlashInfer's prebuilt ones hidden)
-#                -> RESULTS/same-tokens-h200.json (the record)                                     1200
-#   serving-parity  (by name only) issue 43 item 7: benchmarks/bench_serving_parity.py, an upstream and a
-#                layerwise server side by side per model in $SERVING_PARITY_MODELS (default: three tiny
-#                bf16 models and the Qwen3-30B-A3B-shape NVFP4 model), concurrency 64 and 256 (inside
-#                the full-graph ceiling), 5 rounds each in alternating order
-#                -> RESULTS/serving-parity.{json,md}                                         1800
-# Not in the default list (a serving session of their own, ~25 min, issue 6):
-#   client-ceiling  benchmarks/client_ceiling.py: the bench_serving client alone against a synthetic
-#                1024-stream decode loop (no GPU): is the client or the server the serving limit  180
-#   serving      bench_serving_matrix.py, the three configurations on the NVFP4 Qwen3-30B-shaped
-#                checkpoint (built on the host first, ~1 min)                                   1800
-#   soak         soak.py, 10 minutes at concurrency 1024 with 2% malformed requests              1200
-#   serving-diag the layerwise server alone at concurrency 1024 with 4 clients (is one client the limit?
-#                compare with the cell's scheduler decode rate), then the soak on that server   1800
-#   serving-soak both on fewer server starts: bench_serving_matrix.py --then-soak 10 soaks the
-#                layerwise server after its cells (and a configuration whose flags resolve to
-#                another's ServerArgs reports that server's cells instead of starting it again)  2700
-#   serving-tw4  serving-soak with the streaming path widened the same way for every server:
-#                4 tokenizer workers (upstream's --tokenizer-worker-num) and 4 bench_serving
-#                clients, so the GPU side rather than one Python process sets the c1024 figure  2700
-#                -> RESULTS/serving-h200.{json,md} and soak-h200.json, the serving records (serving
-#                and serving-soak write tag h200-tw1, the soak step h200-alone)
+# Steps (with none named, the list in STEPS=(...) below, most wanted first; docs/benchmarks.md
+# says what each runs and writes; cap in seconds; "name" = run by name only):
+#   lean-moe 300        test_lean_moe.py: the lean eager MoE vs upstream's, bitwise, and its host time
+#   kernels 600         lab/kernels_check.sh without its benchmark: build csrc, smoke, test_kernels.py
+#   fp4 300             bench_fp4_gemm.py
+#   moe-fp4 600+900     (name) test_moe_w4a16.py, then bench_moe_fp4.py -> RESULTS/moe-fp4-h200.{json,md}
+#   moe-fp4-sweep 900   (name) bench_moe_fp4.py at fixed warps per weight tile -> RESULTS/moe-sweep/ (probe)
+#   runner 2000         bench_runner.py, its default configurations, saved after each
+#   prefill-profile 600 prefill_profile.py: kernel timeline of breakable vs layerwise prefill (probe)
+#   prefill-fa2 1200    bench_runner.py layerwise_fa2_prefill + the qwen3_moe bf16 full grid on
+#                       SGLANG_SM120_LAYERWISE_PREFILL_ATTENTION=fa2 -> RESULTS/fa2/
+#   zero-copy 500       bench_runner.py layerwise_zero_copy
+#   moe-profile 300     bench_runner.py --profile-eager-moe (cProfile of the eager MoE steps, bs 64)
+#   traps 600           test_layerwise_traps.py -k $TRAPS_K (default: qwen3_moe bf16 and nvfp4)
+#   correctness 1500    quick grid, -k $CORRECTNESS_K (default: every mode of the bf16 models)
+#   correctness-full 2400 each  the whole grid per model of $CORRECTNESS_FULL_MODELS (default: the
+#                       four tiny archs, bf16 and NVFP4) side by side, KV pools capped
+#                       (SGLANG_SM120_GPU_MAX_TOKENS; sized on the H200), and
+#                       $CORRECTNESS_FULL_ZERO_COPY_MODELS (qwen3_moe-bf16) under zero-copy
+#                       -> RESULTS/full-grid/[zero-copy/]
+#   correctness-moe-sm120 1800  (name) the NVFP4 models' grid on --moe-runner-backend sm120
+#                       ($CORRECTNESS_MOE_MODELS; quick unless CORRECTNESS_MOE_FULL=1) -> RESULTS/moe-sm120/
+#   correctness-alone 900 each  $CORRECTNESS_ALONE_K's whole grid alone (deepseek_v2-bf16), then
+#                       with SGLANG_SM120_LEAN_MOE=0 -> RESULTS/alone/, RESULTS/alone-upstream-moe/
+#   eager-warmup 450    bench_runner.py --diagnose-eager-warmup
+#   glm5-launch-line 1500  the seed's launch line on tiny glm_moe_dsa NVFP4 beside upstream's defaults
+#   sm120-check 900 each   sglang.sm120 check --quick (again on warm caches if over 3 minutes)
+#   fp4-selfcheck 600   test_fp4_selfcheck_gpu.py: the self-check and its fault-injected fallback
+#   gpu-suite 2400      every GPU test but the correctness grid, -k $GPU_SUITE_K (beside
+#                       correctness-full: GPU_SUITE_K="not launch_line", glm5-launch-line after)
+#   plan-check 900      plan_check.py on $PLAN_CHECK_MODELS (three tiny bf16 + Qwen3-30B-A3B shapes)
+#   glm5-twin 2400      (name) bench_twin.py, --quick unless TWIN_FULL=1, $TWIN_CONFIGS
+#   same-tokens-probe 480  lab/same_tokens_probe.py on $SAME_TOKENS_MODEL, $SAME_TOKENS_VARIANTS (probe)
+#   dynamo-free-bits 480   (name) test_dynamo_free_bits_gpu.py + test_padded_rows_bits_gpu.py (probes)
+#   same-tokens 1200    test_same_tokens.py (quick unless SAME_TOKENS_FULL=1) -> RESULTS/same-tokens-h200.json
+#   serving-parity 1800 (name) bench_serving_parity.py on $SERVING_PARITY_MODELS
+# Not in the default list (a serving session of their own):
+#   client-ceiling 180  client_ceiling.py (no GPU); serving 1800, soak 1200, serving-diag 1800,
+#   serving-soak 2700, serving-tw4 2700: the serving matrix and soak; serving-tw4 (4 tokenizer
+#                       workers, 4 clients) writes the serving records (tag h200)
 # Needs the fork importable (PYTHONPATH=/tmp/site:python on the H200 host) and the kernel library:
 # the installed fork's own, or the tree's once the kernels step built it there (the later steps
 # then use that one through SGLANG_SM120_KERNEL_LIB; set it yourself to use another).

@@ -19,7 +19,8 @@ from sglang.sm120.runner.boundary import (BoundaryMismatch, ProbeSession, Record
                                           attention_island_active, boundary_active, cross_attention)
 from cpu_graph import RecordingGraph
 from sglang.sm120.runner.layerwise import capture_size
-from test_runner_segments import TopK, ToyMoE, moe_scale_provider, rms_norm_
+from test_runner_real_rows import _state_provider  # noqa: F401 - autouse: MoE state, replay globals reset
+from test_runner_segments import TopK, ToyMoE, rms_norm_
 
 SLOTS = 64
 PADDING_SLOT = 0  # where padded rows write their KV (sglang's KV pool keeps slot 0 for it)
@@ -105,15 +106,6 @@ class Model(torch.nn.Module):
         for layer in self.layers:
             h, residual = layer(h, residual, batch)
         return self.head(h + residual)
-
-
-@pytest.fixture(autouse=True)
-def _state():
-    boundary.register_state_provider(moe_scale_provider)
-    yield
-    boundary._STATE_PROVIDERS.remove(moe_scale_provider)
-    boundary.set_replaying_rows(None)
-    boundary.set_replaying_batch(None)
 
 
 def real_batch(rows: int) -> Batch:

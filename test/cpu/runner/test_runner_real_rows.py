@@ -40,6 +40,7 @@ def _state_provider():
     yield
     boundary._STATE_PROVIDERS.remove(moe_scale_provider)
     boundary.set_replaying_rows(None)
+    boundary.set_replaying_batch(None)
 
 
 def _capture(model, static_ids, rows, arena, real_rows):

@@ -113,3 +113,20 @@ def test_warm_pass_runs_decode_attention_on_the_real_batch_plan_at_layerwise_siz
     events.clear()
     r.capture_one_shape(16, lambda: None)
     assert events == []  # the capture pass adds nothing
+
+
+def test_load_batch_plans_the_real_batch_after_upstream_s_own_load(monkeypatch):
+    """The runner's load_batch (before the replay's read-done event) hands the batch and the key
+    upstream's load_batch chose to the backend, which plans it where the size has attention islands."""
+    r, attn = _runner(monkeypatch, "capture")
+    r.attn_backend = attn
+    order = []
+
+    def upstream_load_batch(self, forward_batch, pp_proxy_tensors=None):
+        order.append(("upstream", forward_batch.batch_size))
+        self._replay_graph_key = f"key{forward_batch.batch_size}"
+
+    monkeypatch.setattr(D.DecodeCudaGraphRunner, "load_batch", upstream_load_batch)
+    r.backend.plan_real_batch = lambda key, fb, backend: order.append(("plan", key, fb.batch_size, backend))
+    r.load_batch(SimpleNamespace(batch_size=300))
+    assert order == [("upstream", 300), ("plan", "key300", 300, attn)]
