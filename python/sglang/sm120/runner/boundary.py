@@ -28,7 +28,7 @@ so no row count JIT-compiles at serving time.
 Decode attention islands (`attention=True` on the sessions; decode_attention.py decides where):
 the hook at the top of `RadixAttention.forward` (patch 0113) hands a decode attention call to
 `cross_attention`, which cuts the segment there like an MoE call. At replay the step runs the
-attention on the replay's real batch (`replaying_batch`: the batch the runner planned graphs
+attention on the replay's real batch (`set_replaying_batch`: the batch the runner planned graphs
 disabled's attention metadata for), not on the padded captured rows: FlashInfer's decode plan
 splits each request's KV by the whole batch's page counts, so a plan made for padded rows splits
 some requests otherwise (another summation order) than graphs disabled's plan for the real ones.
