@@ -1,23 +1,13 @@
-"""Where layerwise decode runs attention at the sizes it captures layerwise.
+"""Where layerwise decode runs attention at the sizes it captures layerwise (docs/runner.md 3.3).
 
-SGLANG_SM120_LAYERWISE_DECODE_ATTENTION=eager (the default): with FlashInfer's or FlashAttention's
-(FA3, upstream's default for MHA models on SM90) MHA backend each layer's decode attention is an eager island between graph segments (boundary.cross_attention,
-the hook patch 0113 puts at the top of `RadixAttention.forward`). Before each such replay the
-runner plans the attention metadata for the real batch, as graphs disabled plans it
-(`init_forward_metadata`), and the island runs the attention on the real rows with it.
-
-Why: FlashInfer's decode plan splits each request's KV into chunks sized from the page counts of
-every row in the batch; a plan made for the padded captured size (padded rows included, in
-CUDA-graph mode) can split a long request otherwise than graphs disabled's plan for the real
-batch, another summation order, other bits, so some sequences' tokens differ (docs/runner.md,
-"Same tokens as upstream"; measured with FlashInfer). FA3 picks its KV split count from the batch
-size when the kernel is launched, which a graph fixes at the padded size. Full graphs (sizes up to the full-graph ceiling) are upstream's own
-and keep upstream's captured attention.
-
-`captured` keeps the attention inside the segments (the padded plan), one eager step fewer per
-layer. Other attention backends keep it captured too, said once at start-up: MLA backends plan
-metadata that the model reads outside `RadixAttention` (the DSA indexer), and their captured
-plans gave graphs disabled's tokens where measured.
+SGLANG_SM120_LAYERWISE_DECODE_ATTENTION=eager (the default), with FlashInfer's or FA3's MHA
+backend: each layer's decode attention is an eager island between graph segments (the hook patch
+0113 puts at the top of `RadixAttention.forward`); before each such replay the runner plans the
+real batch as graphs disabled does (`init_forward_metadata`), and the island runs the attention on
+the real rows. A plan made for the padded batch splits some long requests' KV otherwise
+(FlashInfer sizes its chunks from every row's pages; FA3 picks its split count from the batch
+size), another summation order, other tokens. `captured` keeps the attention in the segments, one
+eager step fewer per layer. MLA models and other backends keep it captured, said at start-up.
 """
 from __future__ import annotations
 
