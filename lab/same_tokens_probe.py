@@ -76,18 +76,13 @@ VARIANTS: Dict[str, tuple] = {
 }
 # candidates for the compiled sigmoid router's numerics (lab variants router-ORDER[-divfull]:
 # runner/gpu_numerics.py), run only when named: test/gpu/test_dynamo_free_bits_gpu.py says which
-# give the compiled bits; with -sum-ORDER moe_sum_reduce's twin sums in ORDER too (top-k 9: the
-# shared expert fused into the top-k, not yet measured; top-k 2..8 gave the compiled bits)
+# give the compiled bits (moe_sum_reduce's twin gives them at top-k 2..9: sessions 13, 15)
 ORDERS = ("sequential", "tree", "butterfly", "pairs-butterfly", "quads-butterfly")  # gpu_numerics.ORDERS
 NAMED_ONLY = {f"lw-exact-router-{o}{d}": (f"lw-exact with the sigmoid router under Inductor's GPU numerics, "
                                           f"sums {o}-wise{', a division by a number as Triton divides' if d else ''}",
                                           _LAYERWISE + ["--cuda-graph-bs-decode", *map(str, BATCH_SIZES)],
                                           {"SGLANG_SM120_LAB_VARIANT": f"router-{o}{d}"})
               for o in ORDERS for d in ("", "-divfull")}
-NAMED_ONLY.update({f"lw-exact-router-butterfly-sum-{o}": (
-    f"lw-exact-router-butterfly with moe_sum_reduce's twin summing {o}-wise",
-    _LAYERWISE + ["--cuda-graph-bs-decode", *map(str, BATCH_SIZES)],
-    {"SGLANG_SM120_LAB_VARIANT": f"router-butterfly,sum-{o}"}) for o in ORDERS})
 VARIANTS.update(NAMED_ONLY)
 
 

@@ -19,8 +19,6 @@ NAME (one or more, comma-separated):
                            bodies under Inductor's GPU numerics (runner/gpu_numerics.py: Triton's
                            sigmoid and division, sums in ORDER, a division by a number as a
                            product with its reciprocal, or with -divfull as Triton's division)
-  sum-ORDER                moe_sum_reduce's twin sums the top-k in ORDER (fp32, one rounding):
-                           for top-k 9 (the fused shared expert), which Triton pads to 16
 Each patch is applied right after its module's first import and says so on stderr.
 """
 import importlib.abc
@@ -71,16 +69,6 @@ def _router_twin(order, constant_division):
     return patch
 
 
-def _sum_twin(order):
-    def patch(module):
-        from sglang.sm120.runner.gpu_numerics import ordered_sum
-
-        def twin(x, out, routed_scaling_factor):  # sum_orders.reduce with one rounding
-            out.copy_(ordered_sum(x, 1, order).mul_(routed_scaling_factor))
-        module.TWINS["moe_sum_reduce_torch_compile"] = lambda f: twin
-    return patch
-
-
 PATCHES = {
     "plain-eager-helpers": ("sglang.sm120.runner.dynamo_free", _plain_eager_helpers),
     "compiled-helpers": ("sglang.sm120.runner.dynamo_free", _compiled_helpers),
@@ -92,7 +80,6 @@ for _order in ("sequential", "tree", "butterfly", "pairs-butterfly", "quads-butt
     # the routers' plain bodies under Inductor's GPU numerics (gpu_numerics.inductor_gpu_twin)
     PATCHES[f"router-{_order}"] = ("sglang.sm120.runner.dynamo_free", _router_twin(_order, "reciprocal"))
     PATCHES[f"router-{_order}-divfull"] = ("sglang.sm120.runner.dynamo_free", _router_twin(_order, "div_full"))
-    PATCHES[f"sum-{_order}"] = ("sglang.sm120.runner.dynamo_free", _sum_twin(_order))
 
 
 class _PatchAfterImport(importlib.abc.MetaPathFinder):

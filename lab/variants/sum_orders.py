@@ -2,8 +2,7 @@
 runner/gpu_numerics.ORDERS), for matching the GPU's compiled `moe_sum_reduce_torch_compile` (sum
 of the top-k expert outputs, times the routed scaling factor, into a bf16 / fp16 `out`). Used by
 test/gpu/test_dynamo_free_bits_gpu.py, which reports which order gives the compiled bits where
-the twin misses them (on the H100 it did not at top-k 2..8; top-k 9 is not yet measured), and by
-the lab variants `sum-ORDER` (sitecustomize.py).
+the twin misses them (on the H100 it did not, top-k 2..9).
 """
 from __future__ import annotations
 

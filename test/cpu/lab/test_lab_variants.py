@@ -66,21 +66,3 @@ def test_a_router_variant_puts_the_numerics_twin_on_every_sigmoid_router(monkeyp
     body = lambda: None  # noqa: E731
     assert fake.TWINS["biased_grouped_topk_impl"](body) is body
     assert seen == [(body, "tree", "div_full")]
-
-
-def test_a_sum_variant_makes_moe_sum_reduce_sum_in_its_order(monkeypatch):
-    monkeypatch.delenv("SGLANG_SM120_LAB_VARIANT", raising=False)
-    site, so = load("sitecustomize"), load("sum_orders")
-    # 1 then eight values of 2^-24 (top-k 9): added one by one each is lost, in a tree they survive
-    x = torch.tensor([[1.0] + [2.0 ** -24] * 8]).reshape(1, 9, 1).to(torch.float32)
-    got = {}
-    for order in ("sequential", "butterfly"):
-        module_name, patch = site.PATCHES[f"sum-{order}"]
-        assert module_name == "sglang.sm120.runner.dynamo_free"
-        fake = SimpleNamespace(TWINS={})
-        patch(fake)
-        out = torch.empty(1, 1)
-        fake.TWINS["moe_sum_reduce_torch_compile"](None)(x, out, 2.5)
-        assert torch.equal(out, so.reduce(x, 2.5, order, False))
-        got[order] = float(out)
-    assert got["sequential"] == 2.5 and got["butterfly"] > 2.5

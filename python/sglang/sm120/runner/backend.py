@@ -372,7 +372,7 @@ class LayerwiseDecodeBackend(_LayerwiseCommon, FullCudaGraphBackend):
         if entry is None or not entry.attention:
             self._real_batch = None
             return
-        decode_attention.plan_real_batch(attn_backend, forward_batch)
+        attn_backend.init_forward_metadata(forward_batch)  # graphs disabled's plan for this batch
         self._real_batch = forward_batch
 
     def replay(self, shape_key, static_forward_batch, **kwargs) -> Any:

@@ -23,7 +23,8 @@ EAGER = "eager"
 # Backends whose decode metadata only RadixAttention's call reads, planned outside the graph. FA3's
 # in-graph metadata step serves speculative decoding only (target verify, draft extend), which
 # layerwise refuses; for any other backend that defines one, the step could overwrite the plan.
-BACKENDS = ("FlashInferAttnBackend", "FlashAttentionBackend")
+# Class name -> the --attention-backend values that build it (what `plan` reads from the flags).
+BACKENDS = {"FlashInferAttnBackend": ("flashinfer",), "FlashAttentionBackend": ("fa3", "fa4")}
 IN_GRAPH_STEP_NOT_FOR_DECODE = ("FlashAttentionBackend",)
 
 
@@ -67,11 +68,6 @@ def planned(attention_backend: str, mla: bool) -> str:
         return f"captured, padded plan ({ENV}={requested()})"
     if mla:
         return "captured, padded plan (MLA)"
-    if attention_backend not in ("flashinfer", "fa3", "fa4"):
+    if not any(attention_backend in names for names in BACKENDS.values()):
         return f"captured, padded plan ({attention_backend})"
     return "eager step, real batch's plan"
-
-
-def plan_real_batch(attn_backend, forward_batch) -> None:
-    """Graphs disabled's attention metadata for this batch (what its decode forward plans)."""
-    attn_backend.init_forward_metadata(forward_batch)

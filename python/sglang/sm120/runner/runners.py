@@ -115,9 +115,7 @@ class LayerwiseDecodeRunner(_DeferredCaptureMixin, DecodeCudaGraphRunner):
     def capture_one_shape(self, size, forward, stream_idx=None, *args, **kwargs):
         super().capture_one_shape(size, forward, stream_idx, *args, **kwargs)
         if self.backend.mode == "warm":
-            self._lw_warm_replay_metadata(size, stream_idx)
-            if self.backend.attention_islands and size > self.backend._full_max_bs:
-                self._lw_warm_real_batch_attention(size, stream_idx)
+            self._lw_warm_replay_paths(size, stream_idx)
 
     def load_batch(self, forward_batch, *args, **kwargs):
         out = super().load_batch(forward_batch, *args, **kwargs)
@@ -126,36 +124,33 @@ class LayerwiseDecodeRunner(_DeferredCaptureMixin, DecodeCudaGraphRunner):
         self.backend.plan_real_batch(self._replay_graph_key, forward_batch, self.attn_backend)
         return out
 
-    def _lw_warm_real_batch_attention(self, size: int, stream_idx) -> None:
-        """A replay with attention islands plans graphs disabled's metadata for its batch and
-        runs attention on it eagerly: run that path once at this size (one eager forward on the
-        dummy batch) in the warm pass, so nothing it reaches compiles after the traps arm."""
-        try:
-            forward_batch, attn_backend, _ = self.capture_prepare(
-                size, stream_idx=stream_idx, num_tokens=size * self.captured_req_width)
-            self.device_module.synchronize()
-            with forward_context(ForwardContext(attn_backend=attn_backend)), torch.inference_mode():
-                attn_backend.init_forward_metadata(forward_batch)
-                self.model_runner.model.forward(forward_batch.input_ids, forward_batch.positions, forward_batch)
-            self.device_module.synchronize()
-        except Exception as e:  # noqa: BLE001 - said; a replay may then build what it needs
-            logger.warning("layerwise decode: could not warm attention on the real batch at size %d: %s: %s",
-                           size, type(e).__name__, e)
+    def _lw_warm_replay_paths(self, size: int, stream_idx) -> None:
+        """Run, once at this size in the warm pass, what a replay runs outside the graphs, so
+        nothing of it compiles after the traps arm:
 
-    def _lw_warm_replay_metadata(self, size: int, stream_idx) -> None:
-        """Run the attention backend's replay-time metadata step once at this size.
-
-        Upstream calls `init_forward_metadata_out_graph(in_capture=True)` once per size while
-        capturing and the replay variant (in_capture=False) before every replay. Backends that
-        keep per-size metadata (DSA) only build it on the capture call and run their replay
-        kernel (DSA: a Triton kernel specialised on the batch size) from the next call on: in the
-        capture pass, after the traps armed, and at the first replay of that size. Running the
-        replay variant here compiles that kernel in the warm pass."""
+        - the attention backend's replay-time metadata step. Upstream calls
+          `init_forward_metadata_out_graph(in_capture=True)` once per size while capturing and the
+          replay variant (in_capture=False) before every replay. Backends that keep per-size
+          metadata (DSA) only build it on the capture call and run their replay kernel (DSA: a
+          Triton kernel specialised on the batch size) from the next call on;
+        - at a layerwise size with attention islands, graphs disabled's plan for the batch and
+          the attention on it (one eager forward on the dummy batch)."""
         num_tokens = size * self.captured_req_width
         bs = self._ragged_capture_slots(num_tokens) if self.ragged_verify_mode else size
         forward_batch, attn_backend, _ = self.capture_prepare(bs, stream_idx=stream_idx, num_tokens=num_tokens)
         with forward_context(ForwardContext(attn_backend=attn_backend)):
             attn_backend.init_forward_metadata_out_graph(forward_batch, in_capture=False)
+            if not (self.backend.attention_islands and size > self.backend._full_max_bs):
+                return
+            try:
+                self.device_module.synchronize()
+                with torch.inference_mode():
+                    attn_backend.init_forward_metadata(forward_batch)
+                    self.model_runner.model.forward(forward_batch.input_ids, forward_batch.positions, forward_batch)
+                self.device_module.synchronize()
+            except Exception as e:  # noqa: BLE001 - said; a replay may then build what it needs
+                logger.warning("layerwise decode: could not warm attention on the real batch at size %d: %s: %s",
+                               size, type(e).__name__, e)
 
     def _lw_apply_servable(self) -> None:
         sizes = self._lw_servable()
