@@ -313,6 +313,10 @@ SETTINGS: Tuple[Setting, ...] = (
        "histogram) to this JSON file at exit."),
     _s("TWIN_HISTOGRAM_BS", "int", None, "tools",
        "GLM-5 rank twin, with TWIN_PROBE: the decode batch size whose routing is counted.", minimum=1),
+    _s("TWIN_PREFILL_TOKENS", "int", 8192, "tools",
+       "GLM-5 rank twin: one_batch prefills whole requests in groups of at most this many tokens "
+       "and merges them into one batch (one forward of the whole batch does not fit a 96 GB card).",
+       minimum=1),
 )
 
 FLAGS: Tuple[Flag, ...] = (

@@ -171,3 +171,42 @@ def test_install_wraps_upstream_dummy_loader(monkeypatch):
     monkeypatch.setattr(loader.DummyModelLoader, "load_model", loader.DummyModelLoader.load_model)
     twin_router.install()
     assert getattr(loader.DummyModelLoader.load_model, "_twin_router", False)
+
+
+def test_prefill_groups_keep_whole_requests_in_order_under_the_limit():
+    assert twin_router.prefill_groups([256] * 5, 512) == [[0, 1], [2, 3], [4]]
+    assert twin_router.prefill_groups([100, 9000, 100, 100], 8192) == [[0], [1], [2, 3]]
+    assert twin_router.prefill_groups([4096] * 2, 8192) == [[0, 1]]
+
+
+def test_chunk_prefill_merges_groups_into_one_batch(monkeypatch):
+    monkeypatch.setenv(twin_router.PREFILL_ENV, "512")
+    calls = []
+
+    class Batch:
+        def __init__(self, rids):
+            self.rids = list(rids)
+
+        def merge_batch(self, other):
+            self.rids += other.rids
+
+    def extend(reqs, model_runner):
+        calls.append([r.rid for r in reqs])
+        n = len(reqs)
+        return torch.arange(n) + 10 * len(calls), torch.zeros(n, 3), Batch(r.rid for r in reqs)
+
+    mod = types.SimpleNamespace(extend=extend)
+    twin_router.chunk_prefill(mod)
+    twin_router.chunk_prefill(mod)  # idempotent: one wrapper
+    reqs = [types.SimpleNamespace(rid=i, origin_input_ids=[0] * 256) for i in range(5)]
+    ids, logits, batch = mod.extend(reqs, None)
+    assert calls == [[0, 1], [2, 3], [4]]
+    assert batch.rids == [0, 1, 2, 3, 4] and ids.tolist() == [10, 11, 20, 21, 30] and logits.shape == (5, 3)
+    calls.clear()
+    mod.extend(reqs[:2], None)
+    assert calls == [[0, 1]]  # one group: upstream's extend as is
+
+
+def test_prelude_chunks_prefill_before_one_batch_runs():
+    pre = twin_router.ONE_BATCH_PRELUDE
+    assert pre.index("chunk_prefill(one_batch)") < pre.index("cli_main()")

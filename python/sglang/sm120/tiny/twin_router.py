@@ -28,6 +28,14 @@ Probes (environment, read by `install`):
                                           MoE layers; run it with graphs off, since capture warm-ups
                                           would count their fake batches)
 The nonfinite check is one reduction over the logits per step, kept on the device (capturable).
+
+Prefill in pieces (`chunk_prefill`, SGLANG_SM120_TWIN_PREFILL_TOKENS, default 8192 as upstream's
+chunked prefill on the 96 GB card): one_batch prefills the whole batch in one forward, and at the
+twin's sizes (1024 x 256 tokens, hidden 6144) the MoE's top-k output alone (tokens x 8 x 6144 x
+2 B = 26 GB) is beyond what a 96 GB card leaves after the KV pool. The server never does that, so
+the prelude prefills whole requests in groups of at most that many tokens and merges the groups
+into one batch (ScheduleBatch.merge_batch, as the scheduler merges a prefilled batch into the
+running one). Decode, which the twin measures, then sees the batch one_batch would have made.
 """
 from __future__ import annotations
 
@@ -37,6 +45,7 @@ from typing import Dict, List, Optional
 from .. import settings
 
 ROUTER_ENV, PROBE_ENV, HIST_BS_ENV = "SGLANG_SM120_TWIN_ROUTER", "SGLANG_SM120_TWIN_PROBE", "SGLANG_SM120_TWIN_HISTOGRAM_BS"
+PREFILL_ENV = "SGLANG_SM120_TWIN_PREFILL_TOKENS"
 SEED = 20260141
 _STATE: dict = {}
 
@@ -151,6 +160,48 @@ def install() -> None:
     loader.DummyModelLoader.load_model = load_model
 
 
+def prefill_groups(lengths: List[int], max_tokens: int) -> List[List[int]]:
+    """Consecutive request indices, whole requests, at most max_tokens each (a longer request alone)."""
+    groups: List[List[int]] = []
+    used = 0
+    for i, n in enumerate(lengths):
+        if groups and used + n <= max_tokens:
+            groups[-1].append(i)
+            used += n
+        else:
+            groups.append([i])
+            used = n
+    return groups
+
+
+def chunk_prefill(one_batch) -> None:
+    """Make one_batch's `extend(reqs, model_runner)` prefill in groups and merge them (see above)."""
+    orig = one_batch.extend
+    if getattr(orig, "_twin_chunked", False):
+        return
+    max_tokens = settings.integer(PREFILL_ENV)
+
+    def extend(reqs, model_runner):
+        groups = prefill_groups([len(r.origin_input_ids) for r in reqs], max_tokens)
+        if len(groups) == 1:
+            return orig(reqs, model_runner)
+        import torch
+
+        ids, logits, batch = [], [], None
+        for g in groups:
+            next_ids, next_logits, part = orig([reqs[i] for i in g], model_runner)
+            ids.append(next_ids)
+            logits.append(next_logits)
+            if batch is None:
+                batch = part
+            else:
+                batch.merge_batch(part)
+        return torch.cat(ids), (None if any(x is None for x in logits) else torch.cat(logits)), batch
+
+    extend._twin_chunked = True
+    one_batch.extend = extend
+
+
 def dump() -> Optional[dict]:
     """Write the probes' readings to SGLANG_SM120_TWIN_PROBE (once the run is over)."""
     path = settings.path(PROBE_ENV)
@@ -176,6 +227,8 @@ ONE_BATCH_PRELUDE = (
     "import sys\n"
     "from sglang.sm120.tiny import twin_router\n"
     "twin_router.install()\n"
+    "from sglang.benchmark import one_batch\n"
+    "twin_router.chunk_prefill(one_batch)\n"
     "from sglang.benchmark.one_batch import cli_main\n"
     "sys.argv = ['one_batch'] + sys.argv[1:]\n"
     "try:\n"
