@@ -372,9 +372,9 @@ def write_results(out: Path, doc: dict) -> None:
 def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--variant", default="experts-fp4", choices=("experts-fp4", "all-fp4"))
-    ap.add_argument("--configs", nargs="+", choices=list(CONFIGS), default=DEFAULT_CONFIGS,
+    ap.add_argument("--configs", nargs="*", choices=list(CONFIGS), default=DEFAULT_CONFIGS,
                     help="default: " + " ".join(DEFAULT_CONFIGS) + "; layerwise_moe_sm120 / layerwise_moe_marlin "
-                    "compare the MoE backends (experts-fp4 variant)")
+                    "compare the MoE backends (experts-fp4 variant); none: only the histogram and profile runs")
     ap.add_argument("--groups", nargs="+", type=int, help="context lengths to run (default: all of the plan)")
     ap.add_argument("--quick", action="store_true", help="one process per configuration, 256-token contexts")
     ap.add_argument("--skip", nargs="*", default=[], choices=("histogram", "profile"))

@@ -165,3 +165,10 @@ def test_moe_backend_configs_are_layerwise_plus_the_backend_and_by_name_only(ben
         args = bench.config_args(name, 256)
         assert args == bench.config_args("layerwise", 256) + ["--moe-runner-backend", backend]
         assert bench.CONFIG_ENV[name] == {"SGLANG_SM120_LEAN_MOE": "1"}
+
+
+def test_empty_configs_run_only_the_histogram_and_profile(bench):
+    assert bench.parse_args(["--configs"]).configs == []
+    assert bench.parse_args([]).configs == bench.DEFAULT_CONFIGS
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--configs", "nonsense"])
