@@ -1,18 +1,14 @@
-"""The serving benchmark and the soak without a GPU: bench_serving records, targets, merging partial
-runs, the plot, the malformed-request catalogue (validation-layer cases against sglang's real HTTP
-app), the verdicts on well-formed answers, and the soak's load loop against a local HTTP server."""
+"""The serving benchmark and the soak without a GPU (sections below); servers are local or sglang's real app."""
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import json
 import random
 import sys
 from argparse import Namespace
-from pathlib import Path
 
 import pytest
-
-REPO = Path(__file__).resolve().parents[3]
 
 import _gpu_sampler
 import _serving_report as report
@@ -23,24 +19,20 @@ import soak
 
 def upstream_record(completed=512, output_tps=9000.0, **over) -> dict:
     """A JSONL line as sglang 0.5.16's benchmark/serving.py writes it (its `result` dict)."""
-    rec = {
-        "tag": None, "backend": "sglang", "dataset_name": "random-ids", "request_rate": float("inf"),
-        "max_concurrency": 256, "sharegpt_output_len": None, "random_input_len": 256,
-        "random_output_len": 256, "random_range_ratio": 1.0,
-        "server_info": {"max_total_num_tokens": 1050000, "cuda_graph_config": {"decode": {"max_bs": 256}}},
-        "duration": 14.6, "completed": completed, "total_input_tokens": 131072,
-        "total_input_text_tokens": 131072, "total_input_vision_tokens": 0,
-        "total_output_tokens": 131072, "total_output_tokens_retokenized": 129000,
-        "request_throughput": 35.1, "input_throughput": 8977.5, "output_throughput": output_tps,
-        "total_throughput": output_tps * 2, "mean_e2e_latency_ms": 7100.0, "median_e2e_latency_ms": 7050.0,
-        "std_e2e_latency_ms": 90.0, "p90_e2e_latency_ms": 7200.0, "p95_e2e_latency_ms": 7250.0,
-        "p99_e2e_latency_ms": 7300.0, "mean_ttft_ms": 900.0, "median_ttft_ms": 850.0, "std_ttft_ms": 300.0,
-        "p90_ttft_ms": 1300.0, "p95_ttft_ms": 1400.0, "p99_ttft_ms": 1500.0, "mean_tpot_ms": 24.0,
-        "median_tpot_ms": 24.1, "std_tpot_ms": 1.0, "p90_tpot_ms": 25.0, "p95_tpot_ms": 25.5,
-        "p99_tpot_ms": 26.0, "mean_itl_ms": 24.0, "median_itl_ms": 23.8, "std_itl_ms": 3.0,
-        "p90_itl_ms": 26.0, "p95_itl_ms": 28.0, "p99_itl_ms": 41.0, "concurrency": 250.1,
-        "accept_length": None, "max_output_tokens_per_s": 10500.0, "max_concurrent_requests": 256,
-    }
+    rec = dict(
+        tag=None, backend="sglang", dataset_name="random-ids", request_rate=float("inf"), max_concurrency=256,
+        sharegpt_output_len=None, random_input_len=256, random_output_len=256, random_range_ratio=1.0,
+        server_info={"max_total_num_tokens": 1050000, "cuda_graph_config": {"decode": {"max_bs": 256}}},
+        duration=14.6, completed=completed, total_input_tokens=131072, total_input_text_tokens=131072,
+        total_input_vision_tokens=0, total_output_tokens=131072, total_output_tokens_retokenized=129000,
+        request_throughput=35.1, input_throughput=8977.5, output_throughput=output_tps,
+        total_throughput=output_tps * 2, concurrency=250.1, accept_length=None, max_output_tokens_per_s=10500.0,
+        max_concurrent_requests=256)
+    for metric, values in (("e2e_latency", (7100, 7050, 90, 7200, 7250, 7300)),
+                           ("ttft", (900, 850, 300, 1300, 1400, 1500)), ("tpot", (24, 24.1, 1, 25, 25.5, 26)),
+                           ("itl", (24, 23.8, 3, 26, 28, 41))):
+        stats = ("mean", "median", "std", "p90", "p95", "p99")
+        rec.update({f"{stat}_{metric}_ms": float(v) for stat, v in zip(stats, values)})
     rec.update(over)
     return rec
 
@@ -54,15 +46,35 @@ def _cell(output_tps, conc, completed=None):
 
 def _doc(cells: dict) -> dict:
     """cells: {config: {concurrency: output tok/s or a ready cell}}"""
-    runs = {}
-    for name, by_conc in cells.items():
-        runs[name] = {"server": {"flags": ["--x"], "ready_s": 100.0, "facts": {}},
-                      "cells": {str(c): (v if isinstance(v, dict) else _cell(v, c)) for c, v in by_conc.items()}}
+    runs = {name: {"server": {"flags": ["--x"], "ready_s": 100.0, "facts": {}},
+                   "cells": {str(c): (v if isinstance(v, dict) else _cell(v, c)) for c, v in by_conc.items()}}
+            for name, by_conc in cells.items()}
     return {"tag": "t", "runs": runs, "commit": "abc123", "device": "NVIDIA H200",
             "model": {"description": "Qwen3-30B-A3B shapes"}, "workload": {"description": "256+256"}}
 
 
-# ----------------------------------------------------------------------------- bench_serving output
+def _save_tokenizer(folder):
+    from sglang.sm120.tiny import tokenizer as tok_mod
+
+    folder.mkdir(exist_ok=True)
+    tok_mod.save_tokenizer_files(tok_mod.build_tokenizer(512), str(folder), 4096)
+
+
+@pytest.fixture
+def no_nvidia_smi(monkeypatch):
+    monkeypatch.setattr(_gpu_sampler, "QUERY", ["/nonexistent/nvidia-smi"])
+
+
+def _fake_setup(monkeypatch, setup, model, facts, port, ready_s, log_path, **stop):
+    """The launcher faked: a prepared model, a live server at `port` and its facts."""
+    srv = Namespace(port=port, url=f"http://127.0.0.1:{port}", ready_seconds=ready_s, log_path=log_path,
+                    alive=lambda: True, stop=lambda: Namespace(clean=True, **stop))
+    monkeypatch.setattr(setup, "prepare_model", lambda d, layers: {**model, "dir": d})
+    monkeypatch.setattr(setup, "start_server", lambda *a, **k: srv)
+    monkeypatch.setattr(setup, "server_facts", lambda url: facts)
+
+
+# ---- bench_serving output
 
 def test_last_record_and_parse_keep_upstream_fields(tmp_path):
     f = tmp_path / "run.jsonl"
@@ -88,12 +100,10 @@ def test_incomplete_or_failed_cells_are_not_measurements():
 
 
 def test_bench_command_needs_no_download_and_gives_exact_lengths(tmp_path, monkeypatch):
-    """The command goes through upstream's own argument parser, and the dataset mode it selects
-    through upstream's own loader, offline with a local tokenizer: token-id prompts of exactly
-    --random-input-len and no ShareGPT file (the `random` mode would download one)."""
+    """Through upstream's own parser and loader, offline: token-id prompts of exactly --random-input-len,
+    no ShareGPT file (the `random` mode would download one)."""
     import sglang.benchmark.serving as serving
     from sglang.benchmark.datasets import DATASET_MAPPING
-    from sglang.sm120.tiny import tokenizer as tok_mod
     from transformers import AutoTokenizer
 
     cmd = matrix.bench_command(30000, "/m", "layerwise", 10, 20, tmp_path / "o.jsonl")
@@ -106,7 +116,7 @@ def test_bench_command_needs_no_download_and_gives_exact_lengths(tmp_path, monke
     assert (ns.backend, ns.dataset_name, ns.tokenize_prompt, ns.dataset_path) == ("sglang", "random-ids", True, "")
     assert (ns.random_range_ratio, ns.max_concurrency, ns.num_prompts, ns.seed) == (1.0, 10, 20, matrix.SEED)
     assert (ns.temperature, ns.disable_ignore_eos, ns.tokenizer) == (0.0, False, "/m")
-    tok_mod.save_tokenizer_files(tok_mod.build_tokenizer(512), str(tmp_path), 4096)
+    _save_tokenizer(tmp_path)
     ns.tokenizer = str(tmp_path)
     rows = DATASET_MAPPING[ns.dataset_name].from_args(ns).load(AutoTokenizer.from_pretrained(ns.tokenizer))
     assert len(rows) == 20
@@ -115,16 +125,14 @@ def test_bench_command_needs_no_download_and_gives_exact_lengths(tmp_path, monke
 
 
 class _LocalSglang:
-    """A local HTTP server answering like sglang 0.5.16 on the routes the benchmark and the soak use,
-    in a thread of its own: streamed or plain /generate (cumulative text, meta_info), OpenAI
-    completions, 400 + message for what sglang rejects. Like upstream (read in its code), it
-    serves an unknown `model` anyway."""
+    """sglang 0.5.16's answers on the routes the benchmark and the soak use, from a thread of its own.
+    Like upstream, it serves an unknown `model` anyway."""
 
-    def __init__(self, context_len: int = 4096):
+    def __init__(self, context_len: int = 4096, hang_len: int = -1):
         import threading
 
-        self.port, self.requests, self.ctx = None, [], context_len
-        self._ready = threading.Event()
+        self.port, self.requests, self.ctx, self.hang_len = None, [], context_len, hang_len
+        self._ready, self.release = threading.Event(), threading.Event()
         threading.Thread(target=self._serve, daemon=True).start()
         assert self._ready.wait(20)
 
@@ -146,18 +154,19 @@ class _LocalSglang:
                 return error("1 validation error: JSON decode error / Input should be a valid string")
             self.requests.append(body)
             ids, n = body["input_ids"], body["sampling_params"]["max_new_tokens"]
+            while len(ids) == self.hang_len and not self.release.is_set():  # a prompt left unanswered
+                await asyncio.sleep(0.05)
             if n < 0:
                 return error(f"max_new_tokens must be at least 0, got {n}.")
             if len(ids) >= self.ctx:
                 return error(f"The input ({len(ids)} tokens) is longer than the model's context length")
-            metas = [{"prompt_tokens": len(ids), "completion_tokens": k,
-                      "finish_reason": {"type": "length", "length": n} if k == n else None} for k in range(1, n + 1)]
+            events = [_meta(len(ids), k, "length" if k == n else None, "w" * k) for k in range(1, n + 1)]
             if not body.get("stream", True):
-                return web.json_response({"text": "w" * n, "meta_info": metas[-1]})
+                return web.json_response(events[-1])
             resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
             await resp.prepare(request)
-            for k, meta in enumerate(metas, 1):
-                await resp.write(b"data: " + json.dumps({"text": "w" * k, "meta_info": meta}).encode() + b"\n\n")
+            for event in events:
+                await resp.write(b"data: " + json.dumps(event).encode() + b"\n\n")
                 await asyncio.sleep(0.001)
             await resp.write(b"data: [DONE]\n\n")
             return resp
@@ -179,11 +188,9 @@ class _LocalSglang:
 
         async def main():
             app = web.Application()
-            app.router.add_post("/generate", generate)
-            app.router.add_post("/v1/completions", completions)
-            app.router.add_post("/v1/chat/completions", completions)
-            for path in ("/v1/models", "/server_info", "/health"):
-                app.router.add_get(path, ok)
+            app.add_routes([web.post("/generate", generate), web.post("/v1/completions", completions),
+                            web.post("/v1/chat/completions", completions),
+                            *(web.get(path, ok) for path in ("/v1/models", "/server_info", "/health"))])
             runner = web.AppRunner(app)
             await runner.setup()
             site = web.TCPSite(runner, "127.0.0.1", 0)
@@ -196,18 +203,10 @@ class _LocalSglang:
 
 
 @pytest.mark.parametrize("procs, stream", [(1, True), (2, True), (1, False)])
-def test_a_cell_runs_upstreams_client_and_parses_what_it_writes(tmp_path, monkeypatch, procs, stream):
-    """run_cell end to end on CPU: the real `python -m sglang.benchmark.serving` with our command
-    against a local server (once, as two clients merged, or unstreamed), its JSONL parsed into a
-    cell; nvidia-smi absent -> power not readable; the server log's decode lines -> server_decode."""
-    import datetime as dt
-
-    from sglang.sm120.tiny import tokenizer as tok_mod
-
-    model = tmp_path / "model"
-    model.mkdir()
-    tok_mod.save_tokenizer_files(tok_mod.build_tokenizer(512), str(model), 4096)
-    monkeypatch.setattr(_gpu_sampler, "QUERY", ["/nonexistent/nvidia-smi"])
+def test_a_cell_runs_upstreams_client_and_parses_what_it_writes(tmp_path, no_nvidia_smi, procs, stream):
+    """upstream's real client against a local server (once, two clients merged, or unstreamed), its JSONL
+    parsed into a cell, the server log's decode lines into server_decode."""
+    _save_tokenizer(model := tmp_path / "model")
     local = _LocalSglang()
     now = dt.datetime.now().strftime("%Y-%m-%d %H:%M:%S")
     log = tmp_path / "server.log"
@@ -224,14 +223,13 @@ def test_a_cell_runs_upstreams_client_and_parses_what_it_writes(tmp_path, monkey
         assert cell["median_itl_ms"] > 0 and cell["p99_ttft_ms"] >= cell["median_ttft_ms"] > 0
     else:
         assert cell["median_itl_ms"] is None and cell["median_ttft_ms"] is None
-    if procs > 1:
-        assert len(cell["clients"]) == 2 and sum(c["completed"] for c in cell["clients"]) == 8
     # the first line after a pause is dropped; the line with 1 request is under 0.9 x 4 running
     assert cell["server_decode"] == {"median_tok_s": 400.0, "max_tok_s": 500.0, "lines": 2, "min_running": 3}
     assert cell["gpu"]["power_w"].startswith("not readable")
     measured = [r for r in local.requests if r["sampling_params"]["max_new_tokens"] == 8]
     assert len(measured) >= 8 and all(len(r["input_ids"]) == 32 for r in measured)
     if procs > 1:  # each client its own seed: distinct prompts (each client also sends its first once as a test)
+        assert len(cell["clients"]) == 2 and sum(c["completed"] for c in cell["clients"]) == 8
         assert len({tuple(r["input_ids"]) for r in measured}) == cell["num_prompts"]
     assert all(r["sampling_params"]["ignore_eos"] and r["sampling_params"]["temperature"] == 0 for r in measured)
 
@@ -243,17 +241,19 @@ def test_prompt_counts_are_bounded_per_concurrency():
 def test_time_budget_shortens_the_cell_timeout_and_orders_the_key_cells_first():
     a = matrix.parse_args(["--time-budget", "420", "--cell-timeout", "300"])
     assert a.concurrency == [1024, 256, 10, 1]
-    assert matrix.cell_timeout(a, 0) == 300 and matrix.cell_timeout(a, 400) == 170
-    assert matrix.cell_timeout(a, 560) == 60
+    assert [matrix.cell_timeout(a, elapsed) for elapsed in (0, 400, 560)] == [300, 170, 60]
     assert matrix.cell_timeout(matrix.parse_args([]), 10_000) == 300
     with pytest.raises(SystemExit):
         matrix.parse_args(["--concurrency", "0"])
 
 
-# ----------------------------------------------------------------------------- targets
+# ---- targets
+
+UPSTREAM_DEFAULT = {1: 100.0, 10: 900.0, 256: 8000.0, 1024: 9000.0}
+
 
 def test_targets_met():
-    doc = _doc({"upstream_default": {1: 100.0, 10: 900.0, 256: 8000.0, 1024: 9000.0},
+    doc = _doc({"upstream_default": UPSTREAM_DEFAULT,
                 "upstream_bs256": {1024: 9100.0},
                 "layerwise": {1: 99.0, 10: 880.0, 256: 8100.0, 1024: 12000.0}})
     t = report.compute_targets(doc)
@@ -269,8 +269,7 @@ def test_targets_missed_say_why():
                 "upstream_bs256": {1024: 9000.0},
                 "layerwise": {1: 90.0, 10: {"error": "bench_serving exit 1"}, 256: 8000.0, 1024: 10000.0}})
     doc["targets"] = t = report.compute_targets(doc)
-    assert t["output_tps_c1024_layerwise_vs_upstream_bs256"]["value"] == 1.1111
-    assert not t["output_tps_c1024_layerwise_vs_upstream_bs256"]["met"]
+    assert t["output_tps_c1024_layerwise_vs_upstream_bs256"] == {"value": 1.1111, "target": ">= 1.15", "met": False}
     assert t["output_tps_c1_layerwise_vs_upstream_default"] == {"value": 0.9, "target": ">= 0.97", "met": False}
     assert t["output_tps_c10_layerwise_vs_upstream_default"]["value"] is None
     why = "\n".join(report.missed(doc))
@@ -280,42 +279,29 @@ def test_targets_missed_say_why():
     assert "output_tps_c1024_layerwise_vs_upstream_default" not in why  # 10000/9000 is met
 
 
-# ----------------------------------------------------------------------------- merging and reports
+# ---- merging and reports
 
 def test_merge_of_two_partial_files(tmp_path):
-    a = _doc({"upstream_default": {1: 100.0, 1024: 9000.0}, "upstream_bs256": {1024: 9000.0}})
-    b = _doc({"layerwise": {1: 100.0, 1024: 11000.0}})
-    (tmp_path / "serving-a.json").write_text(json.dumps(a))
-    (tmp_path / "serving-b.json").write_text(json.dumps(b))
+    for name, cells in (("a", {"upstream_default": {1: 100.0, 1024: 9000.0}, "upstream_bs256": {1024: 9000.0}}),
+                        ("b", {"layerwise": {1: 100.0, 1024: 11000.0}}), ("c", {"layerwise": {1: 1.0}})):
+        (tmp_path / f"serving-{name}.json").write_text(json.dumps(_doc(cells)))
     assert matrix.main(["--tag", "m", "--merge", "a", "b", "--results-dir", str(tmp_path)]) == 0
     doc = json.loads((tmp_path / "serving-m.json").read_text())
     assert set(doc["runs"]) == {"upstream_default", "upstream_bs256", "layerwise"}
-    assert doc["targets"]["output_tps_c1024_layerwise_vs_upstream_bs256"] == {"value": 1.2222, "target": ">= 1.15", "met": True}
-    assert doc["targets"]["output_tps_c256_layerwise_vs_upstream_default"]["met"] is False  # not measured
-    assert doc["targets"]["output_tps_c1_layerwise_vs_upstream_default"]["met"] is True
+    t = doc["targets"]
+    assert t["output_tps_c1024_layerwise_vs_upstream_bs256"] == {"value": 1.2222, "target": ">= 1.15", "met": True}
+    assert t["output_tps_c256_layerwise_vs_upstream_default"]["met"] is False  # not measured
+    assert t["output_tps_c1_layerwise_vs_upstream_default"]["met"] is True
     assert (tmp_path / "serving-m.md").exists() and (tmp_path / "serving-m.png").exists()
-    (tmp_path / "serving-c.json").write_text(json.dumps(_doc({"layerwise": {1: 1.0}})))
     with pytest.raises(SystemExit, match="already present"):
         matrix.main(["--tag", "m", "--merge", "c", "--results-dir", str(tmp_path)])
 
 
-class _FakeServer:
-    port, url, ready_seconds, log_path = 1, "http://127.0.0.1:1", 42.0, "/dev/null"
-
-    def alive(self):
-        return True
-
-    def stop(self):
-        return Namespace(clean=True, seconds=1.0)
-
-
 def test_invocations_with_config_subsets_accumulate_in_one_file(tmp_path, monkeypatch):
-    """Two GPU-host commands, each one configuration: the second adds to the first's file."""
-    spec = {"layers": 48}
-    monkeypatch.setattr(matrix.setup, "prepare_model", lambda d, layers: {"spec": spec, "bytes": 1, "dir": d})
+    """Two GPU-host commands: the second adds to the first's file."""
+    _fake_setup(monkeypatch, matrix.setup, {"spec": {"layers": 48}, "bytes": 1}, {"max_total_num_tokens": 10**6},
+                1, 42.0, "/dev/null", seconds=1.0)
     monkeypatch.setattr(matrix.setup, "kv_bytes_per_token", lambda d: 98304)
-    monkeypatch.setattr(matrix.setup, "start_server", lambda *a, **k: _FakeServer())
-    monkeypatch.setattr(matrix.setup, "server_facts", lambda url: {"max_total_num_tokens": 10**6})
     speed = {"upstream_default": 9000.0, "layerwise": 12000.0}
     calls = []
 
@@ -341,7 +327,7 @@ def test_invocations_with_config_subsets_accumulate_in_one_file(tmp_path, monkey
 
 
 def test_plot_only_redraws_png_and_md(tmp_path):
-    doc = _doc({"upstream_default": {1: 100.0, 10: 900.0, 256: 8000.0, 1024: 9000.0},
+    doc = _doc({"upstream_default": UPSTREAM_DEFAULT,
                 "upstream_bs256": {1: 101.0, 10: 905.0, 256: 8050.0, 1024: 9050.0},
                 "layerwise": {1: 98.0, 10: 880.0, 256: 8100.0, 1024: 9500.0}})
     doc["runs"]["upstream_bs256"]["server"]["facts"] = {
@@ -369,7 +355,7 @@ def test_plot_only_redraws_png_and_md(tmp_path):
             in (tmp_path / "serving-x.md").read_text())
 
 
-# ----------------------------------------------------------------------------- GPU sampler
+# ---- GPU sampler
 
 @pytest.mark.parametrize("text, want", [
     ("312.45, 40123\n", (312.45, 40123.0)),
@@ -380,8 +366,7 @@ def test_nvidia_smi_csv(text, want):
     assert _gpu_sampler.parse_csv(text) == want
 
 
-def test_power_not_readable_is_reported_not_raised(monkeypatch):
-    monkeypatch.setattr(_gpu_sampler, "QUERY", ["/nonexistent/nvidia-smi"])
+def test_power_not_readable_is_reported_not_raised(no_nvidia_smi):
     with _gpu_sampler.GpuSampler(interval_s=0.01) as s:
         pass
     assert s.summary["power_w"].startswith("not readable (nvidia-smi:")
@@ -389,7 +374,7 @@ def test_power_not_readable_is_reported_not_raised(monkeypatch):
     assert _gpu_sampler.summarize([(300.0, 1.0), (500.0, 2.0)], None)["power_w"] == {"median": 400.0, "max": 500.0, "mean": 400.0}
 
 
-# ----------------------------------------------------------------------------- malformed catalogue
+# ---- malformed catalogue
 
 CTX = 4096
 
@@ -407,9 +392,8 @@ def test_each_malformed_case_carries_its_defect(name):
             json.loads(req.body)
         return
     body = json.loads(req.body)
-    sp = body.get("sampling_params", {})
     if name.startswith("negative"):
-        assert min(body.get("max_tokens", 0), sp.get("max_new_tokens", 0)) < 0
+        assert min(body.get("max_tokens", 0), body.get("sampling_params", {}).get("max_new_tokens", 0)) < 0
     elif name.startswith("unknown_model"):
         assert body["model"] != "layerwise" and body["model"]
     elif name.startswith("prompt_over_context"):
@@ -452,21 +436,22 @@ def test_malformed_verdicts(status, body, ok):
     assert cases.judge_malformed(status, body).ok is ok
 
 
-# ----------------------------------------------------------------------------- well-formed verdicts
+# ---- well-formed verdicts
 
 def _gen_req(prompt=10, max_tokens=5, kind="generate"):
     return cases.Request(kind, "/generate", b"{}", kind == "generate_stream", prompt, max_tokens)
 
 
-def _meta(pt, ct, fr):
-    return {"text": "x", "meta_info": {"prompt_tokens": pt, "completion_tokens": ct, "finish_reason": fr}}
+def _meta(pt, ct, fr="length", text="x"):
+    fr = {"type": "length", "length": ct} if fr == "length" else fr
+    return {"text": text, "meta_info": {"prompt_tokens": pt, "completion_tokens": ct, "finish_reason": fr}}
 
 
 @pytest.mark.parametrize("doc, ok", [
-    (_meta(10, 5, {"type": "length", "length": 5}), True),
+    (_meta(10, 5), True),
     (_meta(10, 2, {"type": "stop", "matched": 2}), True),
-    (_meta(10, 4, {"type": "length", "length": 4}), False),     # length stop before the limit
-    (_meta(9, 5, {"type": "length", "length": 5}), False),      # prompt tokens differ from what was sent
+    (_meta(10, 4), False),  # length stop before the limit
+    (_meta(9, 5), False),  # prompt tokens differ from what was sent
     (_meta(10, 5, {"type": "abort", "message": "x"}), False),
     (_meta(10, 5, None), False),
 ])
@@ -475,8 +460,7 @@ def test_generate_verdicts(doc, ok):
 
 
 def test_stream_and_completions_verdicts():
-    events = [_meta(10, 1, None), _meta(10, 5, {"type": "length", "length": 5})]
-    stream = "".join(f"data: {json.dumps(e)}\n\n" for e in events)
+    stream = "".join(f"data: {json.dumps(e)}\n\n" for e in [_meta(10, 1, None), _meta(10, 5)])
     req = _gen_req(kind="generate_stream")
     assert cases.judge_wellformed(req, 200, stream + "data: [DONE]\n\n").ok
     assert not cases.judge_wellformed(req, 200, stream).ok  # cut off before [DONE]
@@ -488,12 +472,10 @@ def test_stream_and_completions_verdicts():
     assert not cases.judge_wellformed(comp, 503, "overloaded").ok
 
 
-# ----------------------------------------------------------------------------- the request mix
+# ---- the request mix
 
 def test_plan_is_deterministic_covers_every_case_and_stays_inside_the_context():
-    a, b = _plan(seed=3), _plan(seed=3)
-    seq_a = [a.next() for _ in range(3000)]
-    seq_b = [b.next() for _ in range(3000)]
+    seq_a, seq_b = ([p.next() for _ in range(3000)] for p in (_plan(seed=3), _plan(seed=3)))
     assert [(r.kind, r.body) for r in seq_a] == [(r.kind, r.body) for r in seq_b]
     c = _plan(seed=4)
     assert [r.body for r in seq_a[:50]] != [c.next().body for _ in range(50)]
@@ -514,47 +496,20 @@ def test_plan_honours_a_lower_scheduler_input_cap():
     assert all(r.prompt_len + r.max_tokens <= 2000 - cases.CONTEXT_MARGIN for r in (p.next() for _ in range(500)))
 
 
-# ----------------------------------------------------------------------------- the soak loop
+# ---- the soak loop
 
 def test_load_loop_judges_answers_and_counts_requests_cut_off_at_the_drain_timeout(capsys):
-    """A local server that answers /generate like sglang and never answers a 13-token prompt."""
-    from aiohttp import web
-
-    release = None  # set once the load loop has given up on the hanging request
-
-    async def generate(request):
-        body = await request.json()
-        ids, n = body["input_ids"], body["sampling_params"]["max_new_tokens"]
-        if len(ids) == 13:
-            await release.wait()
-        return web.json_response(_meta(len(ids), n, {"type": "length", "length": n}))
-
-    async def bad(request):
-        return web.json_response({"object": "error", "message": "JSON decode error"}, status=400)
-
-    async def scenario():
-        nonlocal release
-        release = asyncio.Event()
-        app = web.Application()
-        app.router.add_post("/generate", generate)
-        app.router.add_post("/v1/completions", bad)
-        runner = web.AppRunner(app)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]
-        plan = _plan(share=0.0)
-        # 3 loops take every 3rd request: loop 1 sends the malformed one, then the one that hangs
-        reqs = [plan.wellformed("generate", 5, 3), plan.malformed("bad_json_openai"),
-                plan.wellformed("generate", 7, 3), plan.wellformed("generate", 9, 3),
-                plan.wellformed("generate", 13, 3)]
-        tally = soak.Tally()
-        drain = await soak.run_load(f"http://127.0.0.1:{port}", None, 3, 0, 1.5, tally, fixed=reqs, progress_s=0.5)
-        release.set()
-        await runner.cleanup()
-        return tally, drain
-
-    tally, drain = asyncio.run(scenario())
+    """The local server leaves a 13-token prompt unanswered until the load loop has given up on it."""
+    local = _LocalSglang(hang_len=13)
+    plan = _plan(share=0.0)
+    # 3 loops take every 3rd request: loop 1 sends the malformed one, then the one that hangs
+    reqs = [plan.wellformed("generate", 5, 3), plan.malformed("bad_json_openai"),
+            plan.wellformed("generate", 7, 3), plan.wellformed("generate", 9, 3),
+            plan.wellformed("generate", 13, 3)]
+    tally = soak.Tally()
+    drain = asyncio.run(soak.run_load(f"http://127.0.0.1:{local.port}", None, 3, 0, 1.5, tally, fixed=reqs,
+                                      progress_s=0.5))
+    local.release.set()
     wf, mf = tally.summary(False), tally.summary(True)
     assert (wf["sent"], wf["ok"], wf["unfinished_at_drain_timeout"]) == (4, 3, 1)
     assert (mf["sent"], mf["ok"]) == (1, 1) and "bad_json" in mf["cases_never_sent"]
@@ -589,22 +544,16 @@ def test_log_uniform_reaches_both_ends():
     assert min(xs) == 1 and max(xs) > 30000 and sorted(xs)[len(xs) // 2] < 1000
 
 
-def test_soak_end_to_end_against_a_local_server(tmp_path, monkeypatch):
-    """soak.main with the server replaced by the local one: the malformed rotation, verdicts,
-    drain, post-soak checks and the results file. The local server, like upstream 0.5.16,
-    serves unknown model names, so that target is reported missed with the cases named."""
+def test_soak_end_to_end_against_a_local_server(tmp_path, monkeypatch, no_nvidia_smi):
+    """soak.main against the local server; it serves unknown model names (as upstream 0.5.16 does),
+    so that target is reported missed with the cases named."""
     local = _LocalSglang(context_len=2048)
-    fake = Namespace(url=f"http://127.0.0.1:{local.port}", ready_seconds=1.0, log_path=str(tmp_path / "log"),
-                     alive=lambda: True, stop=lambda: Namespace(clean=True, seconds=0.1, killed=False))
+    _fake_setup(monkeypatch, soak.setup, {"spec": {"max_position": 2048}, "tokenizer_vocab": 512},
+                {"max_req_input_len": 2047}, local.port, 1.0, str(tmp_path / "log"), seconds=0.1, killed=False)
     (tmp_path / "log").write_text("server log line\n")
-    monkeypatch.setattr(soak.setup, "prepare_model", lambda d, layers: {
-        "spec": {"max_position": 2048}, "tokenizer_vocab": 512, "dir": d})
-    monkeypatch.setattr(soak.setup, "start_server", lambda *a, **k: fake)
-    monkeypatch.setattr(soak.setup, "server_facts", lambda url: {"max_req_input_len": 2047})
-    monkeypatch.setattr(_gpu_sampler, "QUERY", ["/nonexistent/nvidia-smi"])
     monkeypatch.setattr(soak.time, "sleep", lambda s: None)
-    assert soak.main(["--tag", "t", "--minutes", "0.05", "--warmup-minutes", "0.02", "--concurrency", "8", "--malformed-share", "0.3",
-                      "--results-dir", str(tmp_path), "--copy-to", str(tmp_path / "out")]) == 0
+    args = "--tag t --minutes 0.05 --warmup-minutes 0.02 --concurrency 8 --malformed-share 0.3".split()
+    assert soak.main(args + ["--results-dir", str(tmp_path), "--copy-to", str(tmp_path / "out")]) == 0
     doc = json.loads((tmp_path / "soak-t.json").read_text())
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["soak-t.json", "soak-t.server.log"]
     wf, mf, t = doc["wellformed"], doc["malformed"], doc["targets"]
@@ -621,4 +570,4 @@ def test_soak_end_to_end_against_a_local_server(tmp_path, monkeypatch):
     assert all(f.startswith("HTTP 200 (want 4xx)") for v in bad.values() for f in v["failures"])
     assert not t["malformed_answered_4xx_with_message"]["met"]
     assert t["server_crashes"] == {"value": 0, "target": "== 0", "met": True}
-    assert doc["memory_mib"]["drift_pct"] is None and not t["gpu_memory_drift_pct"]["met"]  # no nvidia-smi here
+    assert mem["drift_pct"] is None and not t["gpu_memory_drift_pct"]["met"]  # no nvidia-smi here

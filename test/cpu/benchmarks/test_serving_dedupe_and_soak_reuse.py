@@ -19,7 +19,7 @@ REPO = Path(__file__).resolve().parents[3]
 import _gpu_sampler
 import bench_serving_matrix as matrix
 import soak
-from test_bench_serving_matrix import _FakeServer, _LocalSglang, _cell
+from test_bench_serving_matrix import _LocalSglang, _cell
 
 SPEED = {"upstream_default": 9000.0, "upstream_bs256": 9100.0, "layerwise": 12000.0}
 
@@ -29,7 +29,9 @@ def _fake_matrix(monkeypatch, resolved):
     started = []
     monkeypatch.setattr(matrix.setup, "prepare_model", lambda d, layers: {"spec": {"layers": 48}, "bytes": 1, "dir": d})
     monkeypatch.setattr(matrix.setup, "kv_bytes_per_token", lambda d: 98304)
-    monkeypatch.setattr(matrix.setup, "start_server", lambda name, *a, **k: started.append(name) or _FakeServer())
+    monkeypatch.setattr(matrix.setup, "start_server", lambda name, *a, **k: started.append(name) or Namespace(
+        port=1, url="http://127.0.0.1:1", ready_seconds=42.0, log_path="/dev/null", alive=lambda: True,
+        stop=lambda: Namespace(clean=True, seconds=1.0)))
     monkeypatch.setattr(matrix.setup, "server_facts", lambda url: {"max_total_num_tokens": 10**6})
     monkeypatch.setattr(matrix.setup, "resolve_server_args", lambda model_dir, flags: resolved(flags))
     monkeypatch.setattr(matrix, "run_cell", lambda srv, md_, name, conc, a, wd, warmup=False, timeout=None:
