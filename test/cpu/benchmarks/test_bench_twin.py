@@ -172,3 +172,32 @@ def test_empty_configs_run_only_the_histogram_and_profile(bench):
     assert bench.parse_args([]).configs == bench.DEFAULT_CONFIGS
     with pytest.raises(SystemExit):
         bench.parse_args(["--configs", "nonsense"])
+
+
+@pytest.mark.parametrize("ceiling, separate_run", [(512, False), (1024, True)])
+def test_histogram_comes_with_upstreams_eager_bs1024_when_its_ceiling_is_below(bench, tmp_path, monkeypatch,
+                                                                              ceiling, separate_run):
+    even = {"counts": [32] * 256, "experts": 256, "experts_hit": 256, "max_over_mean": 1.0}
+    envs, extra = [], []
+    from sglang.sm120.tiny import twin
+
+    monkeypatch.setattr(twin, "write", lambda d, v: None)
+    monkeypatch.setattr(bench.bench_runner, "device_name", lambda: "gpu")
+    monkeypatch.setattr(bench, "upstream_ceiling", lambda: {"ceiling": ceiling, "rule": "test"})
+
+    def run_cell(model, name, ctx, sizes, workdir, timeout, ceil, passes, extra_env=None, **k):
+        envs.append((name, extra_env))
+        hist = {"3": even} if extra_env else None
+        return _cell(bench, name, ctx, sizes, [10.0] * len(sizes), probe={"nonfinite_logits": False, "histogram": hist})
+
+    monkeypatch.setattr(bench, "run_cell", run_cell)
+    monkeypatch.setattr(bench, "run_histogram", lambda *a: extra.append("histogram") or {"probe": None})
+    out = tmp_path / "t.json"
+    bench.main(["--quick", "--configs", "layerwise", "upstream_ceiling", "--skip", "profile",
+                "--workdir", str(tmp_path), "--out", str(out)])
+    doc = json.loads(out.read_text())
+    assert envs[0] == ("layerwise", None)
+    assert envs[1] == ("upstream_ceiling", None if separate_run else {"SGLANG_SM120_TWIN_HISTOGRAM_BS": "1024"})
+    assert extra == (["histogram"] if separate_run else [])
+    if not separate_run:
+        assert doc["histogram"]["from"] == "upstream_ceiling-ctx256" and doc["targets"]["router_spread_bs1024"]["met"]
