@@ -64,7 +64,10 @@ CONFIGS: Dict[str, List[str]] = {
                          "--cuda-graph-backend-prefill", "disabled"],
     "full_graphs_1024": ["--cuda-graph-backend-decode", "full", "--cuda-graph-max-bs", "1024",
                          "--cuda-graph-backend-prefill", "disabled"],
+    # full graphs up to the TP-8 rank's ceiling, as on the user's card (at TP 1 the runner would
+    # take the twin's own, smaller one), per-layer graphs above it
     "layerwise": ["--cuda-graph-backend-decode", "layerwise", "--cuda-graph-max-bs", "1024",
+                  "--cuda-graph-config", '{"decode": {"layerwise_full_max_bs": {ceiling}}}',
                   "--cuda-graph-backend-prefill", "disabled"],
 }
 DEFAULT_CONFIGS = list(CONFIGS)

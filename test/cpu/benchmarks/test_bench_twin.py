@@ -201,3 +201,9 @@ def test_histogram_comes_with_upstreams_eager_bs1024_when_its_ceiling_is_below(b
     assert extra == (["histogram"] if separate_run else [])
     if not separate_run:
         assert doc["histogram"]["from"] == "upstream_ceiling-ctx256" and doc["targets"]["router_spread_bs1024"]["met"]
+
+
+def test_layerwise_keeps_full_graphs_up_to_the_tp8_ranks_ceiling(bench):
+    args = bench.config_args("layerwise", 512)
+    cfg = json.loads(_opt(args, "--cuda-graph-config")[0])
+    assert cfg == {"decode": {"layerwise_full_max_bs": 512}} and _opt(args, "--cuda-graph-max-bs") == ["1024"]
