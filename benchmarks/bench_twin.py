@@ -60,13 +60,13 @@ MEM_FRACTION = "0.92"  # the field's (public GLM-5-NVFP4 TP8 deployment report)
 HIST_BS = 1024
 FALLBACK_UPSTREAM_CEILING = 256  # only when `plan` cannot resolve (recorded as such)
 CONFIGS: Dict[str, List[str]] = {
-    "upstream_ceiling": ["--cuda-graph-backend-decode", "full", "--cuda-graph-max-bs", "{ceiling}",
+    "upstream_ceiling": ["--cuda-graph-backend-decode", "full", "--cuda-graph-max-bs-decode", "{ceiling}",
                          "--cuda-graph-backend-prefill", "disabled"],
-    "full_graphs_1024": ["--cuda-graph-backend-decode", "full", "--cuda-graph-max-bs", "1024",
+    "full_graphs_1024": ["--cuda-graph-backend-decode", "full", "--cuda-graph-max-bs-decode", "1024",
                          "--cuda-graph-backend-prefill", "disabled"],
     # full graphs up to the TP-8 rank's ceiling, as on the user's card (at TP 1 the runner would
     # take the twin's own, smaller one), per-layer graphs above it
-    "layerwise": ["--cuda-graph-backend-decode", "layerwise", "--cuda-graph-max-bs", "1024",
+    "layerwise": ["--cuda-graph-backend-decode", "layerwise", "--cuda-graph-max-bs-decode", "1024",
                   "--cuda-graph-config", '{"decode": {"layerwise_full_max_bs": {ceiling}}}',
                   "--cuda-graph-backend-prefill", "disabled"],
 }

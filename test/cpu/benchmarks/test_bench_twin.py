@@ -25,7 +25,7 @@ def test_one_batch_command(bench, tmp_path):
     assert _opt(cmd, "--load-format") == ["dummy"] and _opt(cmd, "--mem-fraction-static") == ["0.92"]
     assert _opt(cmd, "--input-len") == ["4096"] and _opt(cmd, "--output-len") == ["8"]
     assert _opt(cmd, "--batch-size", 5) == ["1", "64", "1", "64", "--input-len"]
-    assert _opt(cmd, "--cuda-graph-max-bs") == ["256"] and _opt(cmd, "--tp-size") == ["1"]
+    assert _opt(cmd, "--cuda-graph-max-bs-decode") == ["256"] and _opt(cmd, "--tp-size") == ["1"]
 
 
 def test_every_plan_group_is_about_256k_tokens_at_large_batches(bench):
@@ -206,4 +206,4 @@ def test_histogram_comes_with_upstreams_eager_bs1024_when_its_ceiling_is_below(b
 def test_layerwise_keeps_full_graphs_up_to_the_tp8_ranks_ceiling(bench):
     args = bench.config_args("layerwise", 512)
     cfg = json.loads(_opt(args, "--cuda-graph-config")[0])
-    assert cfg == {"decode": {"layerwise_full_max_bs": 512}} and _opt(args, "--cuda-graph-max-bs") == ["1024"]
+    assert cfg == {"decode": {"layerwise_full_max_bs": 512}} and _opt(args, "--cuda-graph-max-bs-decode") == ["1024"]

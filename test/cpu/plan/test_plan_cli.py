@@ -244,6 +244,23 @@ def test_the_plan_names_what_runs_the_moe_between_layerwise_segments(qwen_tp8, m
     assert cli._eager_moe(col, base) == "upstream's MoE path (SGLANG_SM120_LEAN_MOE=0)"
 
 
+@pytest.mark.parametrize("gpu, moe, eager", [
+    ("rtx-pro-6000", "sm120 (fork kernel, once it loads and passes its self-check on the GPU)",
+     "lean step: the sm120 kernel call"),
+    ("h200", "auto", "upstream's MoE path (modelopt_fp4 experts; the lean step takes bf16/fp16 ones)")])
+def test_a_checkpoints_own_quantization_reaches_the_plan(tmp_path, gpu, moe, eager):
+    """A ModelOpt NVFP4 checkpoint (hf_quant_config.json) served without --quantization: server
+    args leave it None until the model loads, the plan reads it as upstream's ModelConfig does."""
+    from sglang.sm120.tiny import twin
+
+    twin.write(str(tmp_path / "m"), "experts-fp4")
+    rc, out = _plan("--model-path", str(tmp_path / "m"), "--gpu", gpu, "--json", "--load-format", "dummy",
+                    "--cuda-graph-backend-decode", "layerwise", "--cuda-graph-max-bs-decode", "1024")
+    assert rc == 0, out
+    fork = json.loads(out)["fork"]
+    assert (fork["moe_runner_backend"], fork["eager_moe"]) == (moe, eager)
+
+
 def test_the_plan_names_what_runs_decode_attention_at_layerwise_sizes(qwen_tp8, monkeypatch):
     """An eager step on the real batch for MHA models on FlashInfer / FA3 (the server's default);
     captured with the padded plan for MLA, other backends, or when asked; upstream has no

@@ -100,9 +100,9 @@ def _moe(card, argv, ours) -> Optional[str]:
     return None
 
 
-def _eager_moe(column: dict, base: str) -> str:
-    """What runs the MoE between layerwise decode segments (runner/lean_moe.py), from the flags:
-    the server decides per layer (its log names each refusal)."""
+def _eager_moe(column: dict, base: str, quantization: Optional[str] = None) -> str:
+    """What runs the MoE between layerwise decode segments (runner/lean_moe.py), from the flags and
+    the checkpoint's quantization: the server decides per layer (its log names each refusal)."""
     from sglang.sm120.runner import lean_moe
 
     if not column["decode_layerwise_sizes"]:
@@ -114,6 +114,8 @@ def _eager_moe(column: dict, base: str) -> str:
         return "lean step: the sm120 kernel call"
     if moe not in ("auto", "triton"):
         return f"upstream's MoE path ({moe})"
+    if quantization:
+        return f"upstream's MoE path ({quantization} experts; the lean step takes bf16/fp16 ones)"
     if base not in lean_moe.LEAN_STEP_BASES:
         return f"upstream's MoE path (the lean step is not ported to {base})"
     return "lean step: upstream's Triton launches (bf16 experts)"
@@ -148,7 +150,7 @@ def build_plan(model_path: str, gpu: str, argv: List[str]) -> dict:
     fp4_up, fp4_ours = _fp4(card, argv)
     fork = _column(ours, argv, card, config, fp4_ours, fork=True)
     fork["moe_runner_backend"] = _moe(card, argv, ours) or fork["moe_runner_backend"]
-    fork["eager_moe"] = _eager_moe(fork, upstream_api.installed_base())
+    fork["eager_moe"] = _eager_moe(fork, upstream_api.installed_base(), ours.quantization)
     fork["decode_attention_layerwise"] = _eager_attention(fork, config)
     up = dict(_column(upstream, up_argv, card, config, fp4_up, fork=False), eager_moe="-",
               decode_attention_layerwise="-")

@@ -110,6 +110,15 @@ def _phase(cfg) -> dict:
     return {k: getattr(cfg, k, None) for k in keys}
 
 
+def _checkpoint_quantization(view) -> Optional[str]:
+    """The method upstream's ModelConfig reads from the checkpoint (config.json's
+    quantization_config, ModelOpt's hf_quant_config.json) when --quantization is not given:
+    server args leave it None until the model loads."""
+    from sglang.srt.configs.model_config import ModelConfig
+
+    return ModelConfig.from_server_args(view).quantization
+
+
 def resolve(model_dir: str, card: Card, argv: List[str]) -> Resolved:
     """Upstream's resolution (the fork's hooks included) of `--model-path model_dir` + argv, as on
     `card`."""
@@ -137,7 +146,7 @@ def resolve(model_dir: str, card: Card, argv: List[str]) -> Resolved:
                 attention={k: getattr(view, k, None) for k in
                            ("attention_backend", "prefill_attention_backend", "decode_attention_backend")},
                 moe_runner_backend=getattr(view, "moe_runner_backend", None),
-                quantization=getattr(view, "quantization", None),
+                quantization=getattr(view, "quantization", None) or _checkpoint_quantization(view),
                 fp4_gemm_backend=getattr(view, "fp4_gemm_runner_backend", None),
                 mem_fraction_static=view.mem_fraction_static, tp_size=view.tp_size,
                 log=list(log.lines),
