@@ -114,9 +114,9 @@ def _checkpoint_quantization(view) -> Optional[str]:
     """The method upstream's ModelConfig reads from the checkpoint (config.json's
     quantization_config, ModelOpt's hf_quant_config.json) when --quantization is not given:
     server args leave it None until the model loads."""
-    from sglang.srt.configs.model_config import ModelConfig
+    from sglang.sm120 import upstream_api
 
-    return ModelConfig.from_server_args(view).quantization
+    return upstream_api.require("ModelConfig.from_server_args")(view).quantization
 
 
 def resolve(model_dir: str, card: Card, argv: List[str]) -> Resolved:
