@@ -290,6 +290,11 @@ def _config_max(cells: Dict[str, dict], config: str, key: str) -> Optional[float
     return max(vals) if vals else None
 
 
+def histogram_of(doc: dict) -> dict:
+    """The routing histogram's per-layer summaries, wherever the run recorded it ({} if none)."""
+    return ((doc.get("histogram") or {}).get("probe") or {}).get("histogram") or {}
+
+
 def compute_targets(doc: dict) -> Dict[str, dict]:
     cells, t = doc.get("cells", {}), {}
     lw_fits = cell_ms(cells, "layerwise", 1024) is not None
@@ -319,7 +324,7 @@ def compute_targets(doc: dict) -> Dict[str, dict]:
     probes = [p for p in probes if p]
     t["no_nonfinite_logits"] = _target(None if not probes else float(not any(p["nonfinite_logits"] for p in probes)),
                                        "== 1 (no NaN/Inf in any step of any run)", lambda v: v == 1)
-    hist = ((doc.get("histogram") or {}).get("probe") or {}).get("histogram") or {}
+    hist = histogram_of(doc)
     if hist:
         from sglang.sm120.tiny.twin_router import spread_ok
 
@@ -420,10 +425,10 @@ def main(argv=None) -> None:
             hist = "histogram" not in a.skip and name == "upstream_ceiling" and ceiling < HIST_BS <= max(sizes)
             cells[label] = run_cell(model, name, input_len, sizes, workdir, a.timeout, ceiling, a.passes,
                                     extra_env={"SGLANG_SM120_TWIN_HISTOGRAM_BS": str(HIST_BS)} if hist else None)
-            if hist and (cells[label].get("probe") or {}).get("histogram"):
+            if hist and histogram_of({"histogram": cells[label]}):
                 doc["histogram"] = {"from": label, "probe": cells[label]["probe"]}
             write_results(out, doc)  # after every process: a call stopped at its limit keeps what finished
-    if "histogram" not in a.skip and not ((doc.get("histogram") or {}).get("probe") or {}).get("histogram"):
+    if "histogram" not in a.skip and not histogram_of(doc):
         doc["histogram"] = run_histogram(model, workdir, a.timeout, ceiling)
         write_results(out, doc)
     if "profile" not in a.skip:

@@ -104,9 +104,8 @@ ANCHORS: Dict[str, Dict[str, Optional[str]]] = {
         "0.5.16": "sglang.srt.server_args:FP4_GEMM_RUNNER_BACKEND_CHOICES",
         "0.5.23": "sglang.srt.arg_groups.choices:FP4_GEMM_RUNNER_BACKEND_CHOICES",
     },
-    # plan/resolve.py: upstream's own command-line resolution, and the checkpoint's quantization
+    # plan/resolve.py: upstream's own command-line resolution
     "prepare_server_args": _both("sglang.srt.server_args:prepare_server_args"),
-    "ModelConfig.from_server_args": _both("sglang.srt.configs.model_config:ModelConfig.from_server_args"),
     # server_flags.py: the legacy piecewise flags restored where a base dropped them
     "argparse_actions.DeprecatedStoreConstAction": _both(
         "sglang.srt.arg_groups.argparse_actions:DeprecatedStoreConstAction"),

@@ -113,10 +113,13 @@ def _phase(cfg) -> dict:
 def _checkpoint_quantization(view) -> Optional[str]:
     """The method upstream's ModelConfig reads from the checkpoint (config.json's
     quantization_config, ModelOpt's hf_quant_config.json) when --quantization is not given:
-    server args leave it None until the model loads."""
+    server args leave it None until the model loads. Upstream memoizes the ModelConfig on the
+    server args (DSA resolution has built it already)."""
     from sglang.sm120 import upstream_api
 
-    return upstream_api.require("ModelConfig.from_server_args")(view).quantization
+    if upstream_api.has("ServerArgs.get_model_config"):  # 0.5.16
+        return view.get_model_config().quantization
+    return upstream_api.require("model_override_base.model_config_of")(view).quantization
 
 
 def resolve(model_dir: str, card: Card, argv: List[str]) -> Resolved:

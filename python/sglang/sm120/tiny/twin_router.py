@@ -25,8 +25,8 @@ Probes (environment, read by `install`):
   SGLANG_SM120_TWIN_PROBE=PATH            writes {"nonfinite_logits": bool, "logit_steps": n,
                                           "histogram": {layer: counts}} there when the run ends
   SGLANG_SM120_TWIN_HISTOGRAM_BS=1024     the decode batch whose routing is counted (first and last
-                                          MoE layers; run it with graphs off, since capture warm-ups
-                                          would count their fake batches)
+                                          MoE layers; count it where the gates run eagerly, since
+                                          capture warm-ups would count their fake batches)
 The nonfinite check is one reduction over the logits per step, kept on the device (capturable).
 
 Prefill in pieces (`chunk_prefill`, SGLANG_SM120_TWIN_PREFILL_TOKENS, default 8192 as upstream's
@@ -187,16 +187,11 @@ def chunk_prefill(one_batch) -> None:
             return orig(reqs, model_runner)
         import torch
 
-        ids, logits, batch = [], [], None
-        for g in groups:
-            next_ids, next_logits, part = orig([reqs[i] for i in g], model_runner)
-            ids.append(next_ids)
-            logits.append(next_logits)
-            if batch is None:
-                batch = part
-            else:
-                batch.merge_batch(part)
-        return torch.cat(ids), (None if any(x is None for x in logits) else torch.cat(logits)), batch
+        parts = [orig([reqs[i] for i in g], model_runner) for g in groups]
+        batch = parts[0][2]
+        for _, _, part in parts[1:]:
+            batch.merge_batch(part)
+        return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts]), batch
 
     extend._twin_chunked = True
     one_batch.extend = extend
